@@ -1,0 +1,51 @@
+// MlaParams: the one struct the launcher fills and every kernel (plan, attention, combine) reads.
+// Passed by value as a __grid_constant__ kernel parameter. Host and device share this header.
+#pragma once
+#include <cstdint>
+
+namespace jit_mla {
+
+// A position in the plan's work order: KV block `block` of unit `unit`. Units are 64-row tiles
+// of (query token x head) rows of one request, numbered request by request.
+struct WorkPos {
+  int unit;
+  int block;
+};
+
+struct MlaParams {
+  // ---- inputs -------------------------------------------------------------------------------
+  const void* q;              // q: [total_q, H, 576] bf16, contiguous
+  const void* kv;             // kv pages: row (page p, slot s) at kv + p*kv_page_stride + s*kv_row_stride
+  int64_t kv_page_stride;     // elements
+  int64_t kv_row_stride;      // elements (576 unless a strided view into a wider pool)
+  const int* block_tables;    // [B, max_pages] int32
+  int64_t block_table_stride; // elements between rows
+  const int* seq_lens;        // [B] int32: KV length including this step's query tokens
+  const int* cum_q;           // [B+1] int32 prefix sums of query lengths, or null (uniform)
+  int q_len;                  // uniform query length when cum_q is null
+  int batch;
+  int num_heads;
+  int page_size;
+
+  const float* sinks;         // [H] float32 or null; logit units (not scaled by bmm1_scale)
+  const float* bmm1_scale_ptr;  // one float32 on the device, or null: use bmm1_scale
+  const float* bmm2_scale_ptr;
+  float bmm1_scale;
+  float bmm2_scale;
+
+  // ---- outputs ------------------------------------------------------------------------------
+  void* out;                  // out: [total_q, H, 512] bf16, contiguous
+  float* lse;                 // [total_q, H] float32 base 2, or null
+
+  // ---- workspace (laid out by workspace_layout in the launcher) -------------------------------
+  int* unit_prefix;           // [B+1]: first unit of each request
+  int64_t* cost_prefix;       // [max_units+1]: cumulative cost of units, in KV-block units
+  WorkPos* bounds;            // [num_ctas+1]: CTA g works on [bounds[g], bounds[g+1])
+  int* split_units;           // [1 + num_ctas]: count, then the units that have several splits
+  float* partial_lse;         // [kSlotsPerCta * num_ctas, 64]
+  float* partial_o;           // [kSlotsPerCta * num_ctas, 64, 512] normalized fp32
+  int max_units;              // upper bound of the unit count (sizes cost_prefix)
+  int num_ctas;               // grid of the attention kernel
+};
+
+}  // namespace jit_mla

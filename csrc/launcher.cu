@@ -1,0 +1,475 @@
+// TVM-FFI entry points of jit-mla. This file's only job:
+//   1. validate (dtypes and shapes, then consistency, then devices, then arch),
+//   2. device guard and stream,
+//   3. pick the kernels (loaded from a verified cubin by load_cubin),
+//   4. launch and check every launch.
+// Dtype and shape checks come before device checks so that a CPU-only machine can exercise them.
+#include <cuda_runtime.h>
+#include <tvm/ffi/container/tensor.h>
+#include <tvm/ffi/container/variant.h>
+#include <tvm/ffi/error.h>
+#include <tvm/ffi/extra/c_env_api.h>
+#include <tvm/ffi/extra/cuda/device_guard.h>
+#include <tvm/ffi/function.h>
+#include <tvm/ffi/optional.h>
+#include <tvm/ffi/string.h>
+
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "common/params.h"
+#include "config.h"
+#include "sm90/smem_size.h"
+
+namespace {
+
+using tvm::ffi::Bytes;
+using tvm::ffi::Optional;
+using tvm::ffi::String;
+using tvm::ffi::Tensor;
+using tvm::ffi::TensorView;
+using tvm::ffi::Variant;
+using namespace jit_mla;
+
+#define MLA_CHECK(cond, kind) \
+  if (!(cond)) TVM_FFI_THROW(kind)
+
+constexpr DLDataType kBF16{kDLBfloat, 16, 1};
+constexpr DLDataType kF32{kDLFloat, 32, 1};
+constexpr DLDataType kI32{kDLInt, 32, 1};
+constexpr DLDataType kFP8E4M3{kDLFloat8_e4m3fn, 8, 1};
+
+bool same_dtype(DLDataType a, DLDataType b) {
+  return a.code == b.code && a.bits == b.bits && a.lanes == b.lanes;
+}
+
+std::string shape_str(const TensorView& t) {
+  std::ostringstream os;
+  os << "[";
+  for (int i = 0; i < t.ndim(); ++i) os << (i ? ", " : "") << t.size(i);
+  os << "]";
+  return os.str();
+}
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < s.size(); ++i) os << (i ? ", " : "") << s[i];
+  os << "]";
+  return os.str();
+}
+
+std::string desc(const TensorView& t) {
+  std::ostringstream os;
+  os << t.dtype() << " " << shape_str(t);
+  return os.str();
+}
+
+std::vector<int64_t> shape_of(const TensorView& t) {
+  std::vector<int64_t> s(t.ndim());
+  for (int i = 0; i < t.ndim(); ++i) s[i] = t.size(i);
+  return s;
+}
+
+void check_dtype(const TensorView& t, DLDataType want, const char* name, const char* want_name) {
+  MLA_CHECK(same_dtype(t.dtype(), want), TypeError)
+      << name << " must be " << want_name << ", got " << desc(t);
+}
+
+void check_shape(const TensorView& t, const std::vector<int64_t>& want, const char* name) {
+  MLA_CHECK(shape_of(t) == want, ValueError)
+      << name << " must have shape " << shape_str(want) << ", got " << desc(t);
+}
+
+void check_contiguous(const TensorView& t, const char* name) {
+  MLA_CHECK(t.IsContiguous(), ValueError)
+      << name << " must be contiguous, got " << desc(t) << " with non-contiguous strides";
+}
+
+char* data_of(const TensorView& t) { return static_cast<char*>(t.data_ptr()) + t.byte_offset(); }
+
+// Every tensor argument must sit on the query's CUDA device.
+void check_device(const TensorView& t, DLDevice want, const char* name) {
+  const DLDevice d = t.device();
+  MLA_CHECK(d.device_type == kDLCUDA, ValueError)
+      << name << " must be a CUDA tensor, got device type " << int(d.device_type)
+      << (d.device_type == kDLCPU ? " (CPU)" : "");
+  MLA_CHECK(d.device_id == want.device_id, ValueError)
+      << name << " must be on cuda:" << want.device_id << " (the query's device), got cuda:"
+      << d.device_id;
+}
+
+// A scale is a Python float, or a one-element float32 CUDA tensor the kernel reads itself.
+// An undefined Tensor (Python None) must never be dereferenced: check defined() first.
+struct Scale {
+  float value = 1.f;
+  const float* ptr = nullptr;
+  const Tensor* tensor = nullptr;
+};
+
+Scale parse_scale(const Variant<double, Tensor>& v, const char* name) {
+  Scale s;
+  if (auto d = v.as<double>()) {
+    s.value = static_cast<float>(*d);
+    return s;
+  }
+  const Tensor& t = v.get<Tensor>();
+  MLA_CHECK(t.defined(), TypeError)
+      << name << " must be a float or a one-element float32 CUDA tensor, got None";
+  MLA_CHECK(same_dtype(t.dtype(), kF32), TypeError)
+      << name << " tensor must be float32, got " << t.dtype();
+  MLA_CHECK(t.numel() == 1, ValueError)
+      << name << " tensor must have exactly one element, got " << t.numel();
+  s.tensor = &t;
+  s.ptr = reinterpret_cast<const float*>(static_cast<char*>(t.data_ptr()) + t.byte_offset());
+  return s;
+}
+
+void check_scale_device(const Scale& s, DLDevice want, const char* name) {
+  if (s.tensor == nullptr) return;
+  const DLDevice d = s.tensor->device();
+  MLA_CHECK(d.device_type == kDLCUDA && d.device_id == want.device_id, ValueError)
+      << name << " tensor must be on cuda:" << want.device_id
+      << " (the kernel reads it on the device), got "
+      << (d.device_type == kDLCUDA ? "cuda:" + std::to_string(d.device_id) : std::string("CPU"));
+}
+
+// ---- workspace ---------------------------------------------------------------------------------
+struct WorkspaceLayout {
+  size_t unit_prefix, cost_prefix, bounds, split_units, partial_lse, partial_o, total;
+};
+
+constexpr size_t kWsAlign = 256;
+size_t align_up(size_t x) { return (x + kWsAlign - 1) / kWsAlign * kWsAlign; }
+
+int64_t max_units_of(int64_t batch, int64_t total_q, int64_t num_heads) {
+  // sum_b ceil(n_b H / 64) <= total_q H / 64 + B, whatever the split of total_q into requests.
+  return total_q * num_heads / kBlockM + batch;
+}
+
+int64_t num_ctas_of(int64_t sm_count) { return std::min<int64_t>(std::max<int64_t>(sm_count, 1), kMaxCtas); }
+
+WorkspaceLayout workspace_layout(int64_t batch, int64_t total_q, int64_t num_heads, int64_t sm_count) {
+  const int64_t units = max_units_of(batch, total_q, num_heads);
+  const int64_t ctas = num_ctas_of(sm_count);
+  const int64_t slots = kSlotsPerCta * ctas;
+  WorkspaceLayout w{};
+  size_t off = 0;
+  w.unit_prefix = off;  off = align_up(off + sizeof(int) * (batch + 1));
+  w.cost_prefix = off;  off = align_up(off + sizeof(int64_t) * (units + 1));
+  w.bounds = off;       off = align_up(off + sizeof(WorkPos) * (ctas + 1));
+  w.split_units = off;  off = align_up(off + sizeof(int) * (ctas + 1));
+  w.partial_lse = off;  off = align_up(off + sizeof(float) * slots * kBlockM);
+  w.partial_o = off;    off = align_up(off + sizeof(float) * slots * kBlockM * kHeadDimV);
+  w.total = off + kWsAlign;  // slack: the buffer's start is aligned up to 256 bytes
+  return w;
+}
+
+int64_t workspace_size(int64_t batch, int64_t total_q, int64_t num_heads, int64_t sm_count) {
+  MLA_CHECK(batch >= 0 && total_q >= 0 && num_heads >= 1 && sm_count >= 1, ValueError)
+      << "workspace_size needs batch >= 0, total_q >= 0, num_heads >= 1, sm_count >= 1, got "
+      << batch << ", " << total_q << ", " << num_heads << ", " << sm_count;
+  return static_cast<int64_t>(workspace_layout(batch, total_q, num_heads, sm_count).total);
+}
+
+// ---- kernels from the verified cubin -----------------------------------------------------------
+struct Kernels {
+  std::string arch;
+  cudaLibrary_t library = nullptr;
+  cudaKernel_t plan = nullptr, attention = nullptr, combine = nullptr;
+  std::vector<bool> smem_ready;  // per device: dynamic smem limit raised
+};
+std::mutex g_mutex;
+Kernels g_kernels;
+
+#define MLA_CUDA_CHECK(expr, what)                                                      \
+  do {                                                                                  \
+    cudaError_t err_ = (expr);                                                          \
+    MLA_CHECK(err_ == cudaSuccess, RuntimeError)                                        \
+        << what << " failed: " << cudaGetErrorName(err_) << " (" << cudaGetErrorString(err_) << ")"; \
+  } while (0)
+
+// data: the cubin's bytes, already checked against cubins/manifest.json by the Python loader.
+void load_cubin(String arch, Bytes data) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  MLA_CHECK(std::string(arch) == "sm_90a", ValueError)
+      << "load_cubin: no kernels for arch " << std::string(arch) << " (supported: sm_90a)";
+  cudaLibrary_t lib = nullptr;
+  MLA_CUDA_CHECK(cudaLibraryLoadData(&lib, data.data(), nullptr, nullptr, 0, nullptr, nullptr, 0),
+                 "cudaLibraryLoadData(" + std::string(arch) + " cubin)");
+  Kernels k;
+  k.arch = std::string(arch);
+  k.library = lib;
+  MLA_CUDA_CHECK(cudaLibraryGetKernel(&k.plan, lib, "mla_sm90_plan"), "cudaLibraryGetKernel(mla_sm90_plan)");
+  MLA_CUDA_CHECK(cudaLibraryGetKernel(&k.attention, lib, "mla_sm90_attention"),
+                 "cudaLibraryGetKernel(mla_sm90_attention)");
+  MLA_CUDA_CHECK(cudaLibraryGetKernel(&k.combine, lib, "mla_combine"), "cudaLibraryGetKernel(mla_combine)");
+  if (g_kernels.library != nullptr) cudaLibraryUnload(g_kernels.library);
+  g_kernels = k;
+}
+
+bool cubin_loaded() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  return g_kernels.library != nullptr;
+}
+
+// Arch and the shared-memory limit, checked once per device.
+const Kernels& kernels_for_device(int device) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  MLA_CHECK(g_kernels.library != nullptr, RuntimeError)
+      << "no kernels loaded: the launcher must be loaded through jit_mla.launcher.get_launcher(), "
+         "which loads the verified cubin";
+  if ((int)g_kernels.smem_ready.size() <= device) g_kernels.smem_ready.resize(device + 1, false);
+  if (!g_kernels.smem_ready[device]) {
+    int major = 0, minor = 0;
+    MLA_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device),
+                   "cudaDeviceGetAttribute");
+    MLA_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device),
+                   "cudaDeviceGetAttribute");
+    MLA_CHECK(major == 9 && minor == 0, RuntimeError)
+        << "jit_mla's kernels need an sm_90a GPU (Hopper, compute capability 9.0); cuda:" << device
+        << " is sm_" << major << minor;
+    MLA_CUDA_CHECK(cudaKernelSetAttributeForDevice(g_kernels.attention,
+                                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                   sm90::kAttentionSmemBytes, device),
+                   "raising the attention kernel's shared-memory limit");
+    g_kernels.smem_ready[device] = true;
+  }
+  return g_kernels;
+}
+
+void launch(cudaKernel_t kernel, int grid, int block, int smem, cudaStream_t stream, bool pdl,
+            MlaParams* params, const char* name) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(grid);
+  cfg.blockDim = dim3(block);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  void* args[] = {params};
+  MLA_CUDA_CHECK(cudaLaunchKernelExC(&cfg, reinterpret_cast<const void*>(kernel), args),
+                 std::string("launching ") + name);
+}
+
+// ---- the entry point: FlashInfer's trtllm-gen launcher arguments, plus lse ---------------------
+void trtllm_paged_attention_decode(
+    TensorView out, Optional<TensorView> out_scale_factor, TensorView query, TensorView key_cache,
+    TensorView value_cache, TensorView workspace_buffer, TensorView block_tables,
+    TensorView seq_lens, int64_t max_q_len, int64_t max_kv_len, Variant<double, Tensor> bmm1_scale,
+    Variant<double, Tensor> bmm2_scale, double o_sf_scale, int64_t o_sf_vec_size,
+    int64_t o_sf_start_index, int64_t batch_size, int64_t window_left, int64_t sparse_mla_top_k,
+    int64_t sm_count, bool enable_pdl, int64_t workspace_size_bytes,
+    Optional<TensorView> attention_sinks, Optional<TensorView> cum_seq_lens_q,
+    Optional<TensorView> key_block_scales, Optional<TensorView> value_block_scales,
+    Optional<float> skip_softmax_threshold_scale_factor, Optional<bool> uses_shared_paged_kv_idx,
+    Optional<TensorView> lse) {
+  (void)max_kv_len;  // a host hint only: results never depend on it
+  (void)o_sf_scale;
+  (void)o_sf_vec_size;
+  (void)o_sf_start_index;
+
+  // ---- 1a. features not supported yet: refuse, never ignore -----------------------------------
+  MLA_CHECK(!out_scale_factor.has_value(), NotImplementedError)
+      << "out_scale_factor (fp4 output) is not supported yet";
+  MLA_CHECK(sparse_mla_top_k == 0, NotImplementedError)
+      << "sparse_mla_top_k > 0 (sparse MLA) is not supported yet, got " << sparse_mla_top_k;
+  MLA_CHECK(window_left < 0, NotImplementedError)
+      << "window_left >= 0 (sliding window) is not supported, got " << window_left;
+  MLA_CHECK(!key_block_scales.has_value() && !value_block_scales.has_value(), NotImplementedError)
+      << "key_block_scales / value_block_scales (block-scaled KV) are not supported yet";
+  MLA_CHECK(!skip_softmax_threshold_scale_factor.has_value(), NotImplementedError)
+      << "skip_softmax_threshold_scale_factor is not supported yet";
+  MLA_CHECK(!uses_shared_paged_kv_idx.has_value() || *uses_shared_paged_kv_idx, NotImplementedError)
+      << "uses_shared_paged_kv_idx=False (separate K and V page indices) is not supported";
+
+  // ---- 1b. dtypes ----------------------------------------------------------------------------
+  MLA_CHECK(!same_dtype(key_cache.dtype(), kFP8E4M3), NotImplementedError)
+      << "kv_cache in float8_e4m3fn is not supported yet (bf16 only)";
+  check_dtype(query, kBF16, "query", "bfloat16");
+  check_dtype(key_cache, kBF16, "kv_cache", "bfloat16");
+  check_dtype(out, kBF16, "out", "bfloat16");
+  check_dtype(block_tables, kI32, "block_tables", "int32");
+  check_dtype(seq_lens, kI32, "seq_lens", "int32");
+  if (cum_seq_lens_q.has_value()) check_dtype(*cum_seq_lens_q, kI32, "cum_seq_lens_q", "int32");
+  if (attention_sinks.has_value()) check_dtype(*attention_sinks, kF32, "sinks", "float32");
+  if (lse.has_value()) check_dtype(*lse, kF32, "lse", "float32");
+  const Scale s1 = parse_scale(bmm1_scale, "bmm1_scale");
+  const Scale s2 = parse_scale(bmm2_scale, "bmm2_scale");
+
+  // ---- 1c. shapes and consistency --------------------------------------------------------------
+  MLA_CHECK(batch_size >= 0, ValueError) << "batch_size must be >= 0, got " << batch_size;
+  MLA_CHECK(block_tables.ndim() == 2, ValueError)
+      << "block_tables must be int32 [batch_size, max_pages] = [" << batch_size << ", ...], got "
+      << desc(block_tables);
+  MLA_CHECK(block_tables.size(0) == batch_size, ValueError)
+      << "block_tables must have batch_size = " << batch_size << " rows, got " << desc(block_tables);
+  MLA_CHECK(block_tables.stride(1) == 1 || block_tables.size(1) <= 1, ValueError)
+      << "block_tables rows must be contiguous (stride(1) == 1), got stride " << block_tables.stride(1);
+  check_shape(seq_lens, {batch_size}, "seq_lens");
+  check_contiguous(seq_lens, "seq_lens");
+
+  MLA_CHECK(query.ndim() == 3 || query.ndim() == 4, ValueError)
+      << "query must be [B, q_len, H, 576] or [total_q, H, 576], got " << desc(query);
+  MLA_CHECK(query.size(-1) == kHeadDimQK, ValueError)
+      << "query's last dim must be " << kHeadDimQK
+      << " (kv_lora_rank 512 + qk_rope_head_dim 64), got " << desc(query);
+  check_contiguous(query, "query");
+  const int64_t num_heads = query.size(-2);
+  MLA_CHECK(num_heads >= 1, ValueError) << "query must have at least one head, got " << desc(query);
+  int64_t total_q = 0, q_len = 0;
+  if (query.ndim() == 4) {
+    MLA_CHECK(!cum_seq_lens_q.has_value(), ValueError)
+        << "cum_seq_lens_q needs the ragged query layout [total_q, H, 576], got query "
+        << desc(query);
+    MLA_CHECK(query.size(0) == batch_size, ValueError)
+        << "query [B, q_len, H, 576] must have B = batch_size = " << batch_size << ", got "
+        << desc(query);
+    q_len = query.size(1);
+    total_q = batch_size * q_len;
+  } else {
+    total_q = query.size(0);
+    if (cum_seq_lens_q.has_value()) {
+      check_shape(*cum_seq_lens_q, {batch_size + 1}, "cum_seq_lens_q");
+      check_contiguous(*cum_seq_lens_q, "cum_seq_lens_q");
+    } else {
+      MLA_CHECK(batch_size > 0 ? total_q % batch_size == 0 : total_q == 0, ValueError)
+          << "query [total_q, H, 576] without cum_seq_lens_q needs total_q divisible by batch_size = "
+          << batch_size << ", got " << desc(query);
+      q_len = batch_size > 0 ? total_q / batch_size : 0;
+    }
+  }
+  MLA_CHECK(max_q_len >= 0, ValueError) << "max_q_len must be >= 0, got " << max_q_len;
+  MLA_CHECK(total_q * num_heads < (int64_t(1) << 31), ValueError)
+      << "query has total_q * H = " << total_q * num_heads << " rows; at most 2^31 - 1 are supported";
+
+  std::vector<int64_t> out_shape = shape_of(query);
+  out_shape.back() = kHeadDimV;
+  check_shape(out, out_shape, "out");
+  check_contiguous(out, "out");
+  if (lse.has_value()) {
+    std::vector<int64_t> lse_shape = shape_of(query);
+    lse_shape.pop_back();
+    check_shape(*lse, lse_shape, "lse");
+    check_contiguous(*lse, "lse");
+  }
+  if (attention_sinks.has_value()) {
+    check_shape(*attention_sinks, {num_heads}, "sinks");
+    check_contiguous(*attention_sinks, "sinks");
+  }
+
+  // kv_cache: [num_pages, page_size, 576] or [num_pages, 1, page_size, 576], maybe a strided view.
+  MLA_CHECK(key_cache.ndim() == 3 || (key_cache.ndim() == 4 && key_cache.size(1) == 1), ValueError)
+      << "kv_cache must be [num_pages, page_size, 576] or [num_pages, 1, page_size, 576], got "
+      << desc(key_cache);
+  MLA_CHECK(key_cache.size(-1) == kHeadDimQK, ValueError)
+      << "kv_cache's last dim must be " << kHeadDimQK << ", got " << desc(key_cache);
+  MLA_CHECK(value_cache.data_ptr() == key_cache.data_ptr() &&
+                value_cache.byte_offset() == key_cache.byte_offset() &&
+                shape_of(value_cache) == shape_of(key_cache),
+            ValueError)
+      << "value_cache must be the same tensor as key_cache (MLA's one-copy latent cache), got "
+      << desc(value_cache) << " vs " << desc(key_cache);
+  const int64_t page_size = key_cache.size(-2);
+  const int64_t row_stride = key_cache.stride(-2), page_stride = key_cache.stride(0);
+  MLA_CHECK(page_size >= 1, ValueError) << "kv_cache page_size must be >= 1, got " << desc(key_cache);
+  MLA_CHECK(key_cache.stride(-1) == 1, ValueError)
+      << "kv_cache's last dim must be contiguous (stride 1), got stride " << key_cache.stride(-1);
+  MLA_CHECK(row_stride % 8 == 0 && page_stride % 8 == 0 && row_stride >= kHeadDimQK, ValueError)
+      << "kv_cache rows must start 16-byte aligned: row stride and page stride must be multiples "
+         "of 8 elements (row stride >= 576), got row stride "
+      << row_stride << ", page stride " << page_stride;
+  MLA_CHECK(reinterpret_cast<uintptr_t>(data_of(key_cache)) % 16 == 0, ValueError)
+      << "kv_cache's data pointer must be 16-byte aligned";
+
+  // workspace: bytes of scratch; the plan and the split partials live there.
+  const int64_t ws_bytes = workspace_buffer.numel() * ((workspace_buffer.dtype().bits + 7) / 8);
+  check_contiguous(workspace_buffer, "workspace_buffer");
+  MLA_CHECK(workspace_size_bytes <= ws_bytes, ValueError)
+      << "workspace_size = " << workspace_size_bytes << " bytes exceeds workspace_buffer's "
+      << ws_bytes << " bytes";
+
+  // ---- 1d. devices ------------------------------------------------------------------------------
+  const DLDevice dev = query.device();
+  check_device(query, dev, "query");
+  check_device(key_cache, dev, "kv_cache");
+  check_device(out, dev, "out");
+  check_device(workspace_buffer, dev, "workspace_buffer");
+  check_device(block_tables, dev, "block_tables");
+  check_device(seq_lens, dev, "seq_lens");
+  if (cum_seq_lens_q.has_value()) check_device(*cum_seq_lens_q, dev, "cum_seq_lens_q");
+  if (attention_sinks.has_value()) check_device(*attention_sinks, dev, "sinks");
+  if (lse.has_value()) check_device(*lse, dev, "lse");
+  check_scale_device(s1, dev, "bmm1_scale");
+  check_scale_device(s2, dev, "bmm2_scale");
+
+  if (sm_count <= 0) {
+    int n = 0;
+    MLA_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev.device_id),
+                   "cudaDeviceGetAttribute(MultiProcessorCount)");
+    sm_count = n;
+  }
+  const WorkspaceLayout ws = workspace_layout(batch_size, total_q, num_heads, sm_count);
+  MLA_CHECK(static_cast<int64_t>(ws.total) <= workspace_size_bytes, ValueError)
+      << "workspace_buffer is too small: this call needs " << ws.total << " bytes (batch_size="
+      << batch_size << ", total_q=" << total_q << ", H=" << num_heads << ", sm_count=" << sm_count
+      << "), got workspace_size = " << workspace_size_bytes
+      << "; jit_mla.get_workspace_size(...) gives the size";
+
+  // ---- 1e. arch (and kernels) -----------------------------------------------------------------
+  const Kernels& k = kernels_for_device(dev.device_id);
+  if (batch_size == 0 || total_q == 0) return;  // nothing to compute, nothing to write
+
+  // ---- 2. device guard and stream ---------------------------------------------------------------
+  tvm::ffi::CUDADeviceGuard guard(dev.device_id);
+  cudaStream_t stream = static_cast<cudaStream_t>(TVMFFIEnvGetStream(kDLCUDA, dev.device_id));
+
+  // ---- 3. parameters --------------------------------------------------------------------------
+  char* ws_base = reinterpret_cast<char*>(align_up(reinterpret_cast<uintptr_t>(data_of(workspace_buffer))));
+  MlaParams p{};
+  p.q = data_of(query);
+  p.kv = data_of(key_cache);
+  p.kv_page_stride = page_stride;
+  p.kv_row_stride = row_stride;
+  p.block_tables = reinterpret_cast<const int*>(data_of(block_tables));
+  p.block_table_stride = block_tables.stride(0);
+  p.seq_lens = reinterpret_cast<const int*>(data_of(seq_lens));
+  p.cum_q = cum_seq_lens_q.has_value() ? reinterpret_cast<const int*>(data_of(*cum_seq_lens_q)) : nullptr;
+  p.q_len = static_cast<int>(q_len);
+  p.batch = static_cast<int>(batch_size);
+  p.num_heads = static_cast<int>(num_heads);
+  p.page_size = static_cast<int>(page_size);
+  p.sinks = attention_sinks.has_value() ? reinterpret_cast<const float*>(data_of(*attention_sinks)) : nullptr;
+  p.bmm1_scale_ptr = s1.ptr;
+  p.bmm2_scale_ptr = s2.ptr;
+  p.bmm1_scale = s1.value;
+  p.bmm2_scale = s2.value;
+  p.out = data_of(out);
+  p.lse = lse.has_value() ? reinterpret_cast<float*>(data_of(*lse)) : nullptr;
+  p.unit_prefix = reinterpret_cast<int*>(ws_base + ws.unit_prefix);
+  p.cost_prefix = reinterpret_cast<int64_t*>(ws_base + ws.cost_prefix);
+  p.bounds = reinterpret_cast<WorkPos*>(ws_base + ws.bounds);
+  p.split_units = reinterpret_cast<int*>(ws_base + ws.split_units);
+  p.partial_lse = reinterpret_cast<float*>(ws_base + ws.partial_lse);
+  p.partial_o = reinterpret_cast<float*>(ws_base + ws.partial_o);
+  p.max_units = static_cast<int>(max_units_of(batch_size, total_q, num_heads));
+  p.num_ctas = static_cast<int>(num_ctas_of(sm_count));
+
+  // ---- 4. launch: plan -> attention -> combine (the last two with PDL when enabled) ------------
+  launch(k.plan, 1, kPlanThreads, 0, stream, false, &p, "mla_sm90_plan");
+  launch(k.attention, p.num_ctas, kNumThreads, sm90::kAttentionSmemBytes, stream, enable_pdl, &p,
+         "mla_sm90_attention");
+  launch(k.combine, p.num_ctas, kCombineThreads, 0, stream, enable_pdl, &p, "mla_combine");
+}
+
+}  // namespace
+
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(trtllm_paged_attention_decode, trtllm_paged_attention_decode);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(workspace_size, workspace_size);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(load_cubin, load_cubin);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(cubin_loaded, cubin_loaded);

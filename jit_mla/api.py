@@ -1,0 +1,274 @@
+"""Public API: FlashInfer's ``trtllm_batch_decode_with_kv_cache_mla``, running on Hopper.
+
+Same name, positional parameters and keywords as FlashInfer's, so an engine switches its import;
+made complete: ragged queries (``cum_seq_lens_q`` + ``max_q_len``), float or device-tensor scales,
+LSE, sinks, zero-length requests, any batch size. The contract: ``docs`` of the repository and
+FlashInfer's docstring; every difference is named below.
+
+The wrapper stays thin (it runs on every decode step of every layer): it allocates what the caller
+did not pass and hands everything to the launcher, which validates arguments and launches the
+kernels. Only a ragged call without ``max_q_len`` synchronizes with the device (to validate the
+prefix sums on the host); pass ``max_q_len`` to avoid that.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import List, Optional, Tuple, Union
+
+import torch
+
+from .launcher import build_launcher, get_launcher
+
+KV_LORA_RANK = 512
+QK_ROPE_HEAD_DIM = 64
+HEAD_DIM_QK = KV_LORA_RANK + QK_ROPE_HEAD_DIM  # 576: a cache row is [ckv (512) | kpe (64)]
+
+Scale = Union[float, torch.Tensor]
+
+# backend names accepted: ours, and FlashInfer's trtllm-gen whose contract this implements.
+_BACKENDS = ("auto", "jit_mla", "trtllm-gen")
+_sm_counts: dict[int, int] = {}
+
+
+def _sm_count(device: torch.device) -> int:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    n = _sm_counts.get(index)
+    if n is None:
+        n = _sm_counts[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return n
+
+
+def get_workspace_size(
+    batch_size: int,
+    num_heads: int,
+    q_len: int = 1,
+    *,
+    total_q: Optional[int] = None,
+    sm_count: Optional[int] = None,
+    device: Union[torch.device, str, int, None] = None,
+) -> int:
+    """Bytes of ``workspace_buffer`` a call needs.
+
+    ``total_q`` (ragged calls) defaults to ``batch_size * q_len``; ``sm_count`` to the SM count of
+    ``device`` (default: the current CUDA device). The size covers the on-device split plan and
+    the split-KV partials (fp32, 64 x 512 per split); it does not depend on sequence lengths.
+    """
+    if total_q is None:
+        total_q = batch_size * q_len
+    if sm_count is None:
+        if device is None:
+            device = torch.cuda.current_device()
+        sm_count = _sm_count(torch.device("cuda", device) if isinstance(device, int) else torch.device(device))
+    # The launcher alone (no kernels, no GPU needed) knows the layout: one source of truth.
+    return int(build_launcher().workspace_size(batch_size, total_q, num_heads, sm_count))
+
+
+def fold_mla_scales(
+    q_scale: Scale = 1.0,
+    k_scale: Scale = 1.0,
+    v_scale: Scale = 1.0,
+    o_scale: Scale = 1.0,
+    sm_scale: Optional[Scale] = None,
+    qk_nope_head_dim: int = 128,
+    qk_rope_head_dim: int = QK_ROPE_HEAD_DIM,
+) -> Tuple[Scale, Scale]:
+    """Fold per-tensor scales into ``(bmm1_scale, bmm2_scale)`` (FlashInfer's convention).
+
+    ``bmm1_scale = q_scale * k_scale * sm_scale`` and ``bmm2_scale = v_scale * o_scale``, with
+    ``sm_scale = 1 / sqrt(qk_nope_head_dim + qk_rope_head_dim)`` by default (1/sqrt(192) for
+    DeepSeek: the head dim before absorption, not 576). All floats give floats. Any tensor among
+    them gives one-element float32 tensors on that tensor's device, computed there (no host
+    sync), ready to be passed as device-tensor scales (a captured CUDA graph reads new values).
+    """
+    if sm_scale is None:
+        sm_scale = 1.0 / math.sqrt(qk_nope_head_dim + qk_rope_head_dim)
+    factors1 = (q_scale, k_scale, sm_scale)
+    factors2 = (v_scale, o_scale)
+    return _product(factors1, "bmm1"), _product(factors2, "bmm2")
+
+
+def _product(factors, name: str) -> Scale:
+    tensors = [f for f in factors if isinstance(f, torch.Tensor)]
+    if not tensors:
+        out = 1.0
+        for f in factors:
+            out *= float(f)
+        return out
+    device = tensors[0].device
+    out = torch.ones(1, dtype=torch.float32, device=device)
+    for f in factors:
+        if isinstance(f, torch.Tensor):
+            if f.numel() != 1:
+                raise ValueError(f"{name} factor tensors must have one element, got shape {tuple(f.shape)}")
+            if f.device != device:
+                raise ValueError(f"{name} factor tensors must share a device, got {f.device} and {device}")
+            out = out * f.reshape(1).to(torch.float32)
+        else:
+            out = out * float(f)
+    return out
+
+
+def trtllm_batch_decode_with_kv_cache_mla(
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    workspace_buffer: torch.Tensor,
+    qk_nope_head_dim: int,
+    kv_lora_rank: int,
+    qk_rope_head_dim: int,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    max_seq_len: int,
+    sparse_mla_top_k: int = 0,
+    out: Optional[torch.Tensor] = None,
+    bmm1_scale: Scale = 1.0,
+    bmm2_scale: Scale = 1.0,
+    sinks: Optional[Union[torch.Tensor, List[torch.Tensor]]] = None,
+    skip_softmax_threshold_scale_factor: Optional[float] = None,
+    enable_pdl: Optional[bool] = None,
+    backend: str = "auto",
+    is_var_seq: bool = True,
+    uses_shared_paged_kv_idx: bool = True,
+    lse: Optional[torch.Tensor] = None,
+    return_lse: bool = False,
+    cum_seq_lens_q: Optional[torch.Tensor] = None,
+    max_q_len: Optional[int] = None,
+) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+    """MLA attention over a paged latent KV cache (decode, speculative verify, chunked prefill).
+
+    Args:
+        query: bf16, ``[B, q_len, H, 576]`` (uniform) or ``[total_q, H, 576]`` with
+            ``cum_seq_lens_q`` (ragged; request ``b`` owns rows ``cum[b] .. cum[b+1]-1``, zero-length
+            requests allowed). Each row is ``[q_nope absorbed (512) | q_rope (64)]``. Contiguous.
+        kv_cache: bf16 ``[num_pages, page_size, 576]`` or ``[num_pages, 1, page_size, 576]``; may
+            be a strided view into a larger pool (page stride = ``stride(0)``). Row = ``[ckv | kpe]``;
+            K is the row, V its first 512 columns. Any page size (16, 32, 64, 128 tested).
+        workspace_buffer: CUDA scratch, at least ``get_workspace_size(...)`` bytes; a smaller one
+            is a ``ValueError`` naming the size needed (never memory corruption).
+        qk_nope_head_dim: the pre-absorption nope dim (128 for DeepSeek); only used by
+            ``fold_mla_scales``; kept for FlashInfer's signature.
+        kv_lora_rank: must be 512. qk_rope_head_dim: must be 64.
+        block_tables: int32 ``[B, max_pages]``: entry ``p`` of row ``b`` holds tokens
+            ``p*page_size .. p*page_size+page_size-1`` of request ``b``.
+        seq_lens: int32 ``[B]``: KV length of each request *including* this step's query tokens.
+        max_seq_len: host hint; results never depend on it (unlike FlashInfer's split count).
+        sparse_mla_top_k: must be 0 (sparse MLA: ``NotImplementedError``).
+        out: optional bf16 ``query.shape[:-1] + (512,)``; allocated when not given.
+        bmm1_scale: float or one-element float32 CUDA tensor: ``q_scale * k_scale * sm_scale``
+            (``fold_mla_scales``). A tensor is read by the kernel on the device (no extra launch;
+            CUDA-graph replays see new values).
+        bmm2_scale: float or one-element float32 CUDA tensor: ``v_scale * o_scale``.
+        sinks: float32 ``[H]`` (or a one-element list of it): per-head logit added to the softmax
+            denominator only (logit units, not scaled by ``bmm1_scale``).
+        skip_softmax_threshold_scale_factor: must be None (``NotImplementedError``).
+        enable_pdl: programmatic dependent launch between our kernels; None = on.
+        backend: ``"auto"``, ``"jit_mla"`` or ``"trtllm-gen"`` (whose contract this implements).
+        is_var_seq: accepted for FlashInfer's signature; lengths are always per request here.
+        uses_shared_paged_kv_idx: must be True (``NotImplementedError`` otherwise).
+        lse: optional float32 ``query.shape[:-1]``, filled with base-2 log-sum-exp
+            ``log2(sum_j exp(s_j))`` (sink included), also with ``cum_seq_lens_q``.
+        return_lse: return ``(out, lse)``, allocating ``lse`` when not given.
+        cum_seq_lens_q: int32 ``[B+1]`` prefix sums of query lengths (ragged layout).
+        max_q_len: host int, an upper bound of the longest request. When given with
+            ``cum_seq_lens_q`` there is no device-to-host sync; when omitted, the prefix sums are
+            copied to the host and validated (one sync).
+
+    Semantics: token ``t`` of request ``b`` (``n`` query tokens, ``L = seq_lens[b]``) attends KV
+    positions ``0 .. L - n + t`` (bottom-right causal). A row with no visible key gets
+    ``out = 0`` and ``lse = -inf``. Results are bitwise reproducible run to run.
+
+    Returns:
+        ``out`` (bf16 ``query.shape[:-1] + (512,)``), or ``(out, lse)`` with ``return_lse``.
+    """
+    if kv_lora_rank != KV_LORA_RANK or qk_rope_head_dim != QK_ROPE_HEAD_DIM:
+        raise ValueError(
+            f"kv_lora_rank and qk_rope_head_dim must be {KV_LORA_RANK} and {QK_ROPE_HEAD_DIM} "
+            f"(DeepSeek/Kimi MLA), got {kv_lora_rank} and {qk_rope_head_dim}"
+        )
+    if backend not in _BACKENDS:
+        raise ValueError(f"backend must be one of {_BACKENDS}, got {backend!r}")
+    if sparse_mla_top_k:
+        raise NotImplementedError(f"sparse_mla_top_k > 0 (sparse MLA) is not supported yet, got {sparse_mla_top_k}")
+    if skip_softmax_threshold_scale_factor is not None:
+        raise NotImplementedError("skip_softmax_threshold_scale_factor is not supported yet")
+    if not uses_shared_paged_kv_idx:
+        raise NotImplementedError("uses_shared_paged_kv_idx=False (separate K and V page indices) is not supported")
+    if isinstance(sinks, (list, tuple)):
+        if len(sinks) != 1:
+            raise ValueError(f"sinks as a list must hold one float32 [H] tensor, got {len(sinks)} items")
+        sinks = sinks[0]
+
+    batch_size = block_tables.shape[0] if block_tables.dim() >= 1 else 0
+    if cum_seq_lens_q is not None:
+        if query.dim() != 3:
+            raise ValueError(
+                f"cum_seq_lens_q needs the ragged query layout [total_q, H, 576], got query of shape {tuple(query.shape)}"
+            )
+        if max_q_len is None:
+            max_q_len = _validate_cum_seq_lens_q(cum_seq_lens_q, batch_size, query.shape[0])
+    elif max_q_len is None:
+        max_q_len = query.shape[1] if query.dim() == 4 else (query.shape[0] // max(batch_size, 1))
+
+    if out is None:
+        out = torch.empty(query.shape[:-1] + (KV_LORA_RANK,), dtype=torch.bfloat16, device=query.device)
+    if return_lse and lse is None:
+        lse = torch.empty(query.shape[:-1], dtype=torch.float32, device=query.device)
+
+    get_launcher().trtllm_paged_attention_decode(
+        out,
+        None,  # out_scale_factor: fp4 output not supported
+        query,
+        kv_cache,
+        kv_cache,  # one-copy latent cache: V is the first 512 columns of K
+        workspace_buffer,
+        block_tables,
+        seq_lens,
+        max_q_len,
+        max_seq_len,
+        bmm1_scale,
+        bmm2_scale,
+        -1.0,  # o_sf_scale
+        -1,  # o_sf_vec_size
+        0,  # o_sf_start_index
+        batch_size,
+        -1,  # window_left
+        sparse_mla_top_k,
+        _sm_count(query.device) if query.is_cuda else 1,
+        True if enable_pdl is None else bool(enable_pdl),
+        workspace_buffer.numel() * workspace_buffer.element_size(),
+        sinks,
+        cum_seq_lens_q,
+        None,  # key_block_scales
+        None,  # value_block_scales
+        None,  # skip_softmax_threshold_scale_factor
+        True,  # uses_shared_paged_kv_idx
+        lse,
+    )
+    return (out, lse) if return_lse else out
+
+
+def _validate_cum_seq_lens_q(cum: torch.Tensor, batch_size: int, total_q: int) -> int:
+    """Host validation of the prefix sums (one device-to-host copy); returns the longest request."""
+    if cum.dtype != torch.int32 or cum.dim() != 1 or cum.shape[0] != batch_size + 1:
+        raise ValueError(
+            f"cum_seq_lens_q must be int32 of shape [B+1] = [{batch_size + 1}], "
+            f"got {str(cum.dtype).replace('torch.', '')} {list(cum.shape)}"
+        )
+    host = cum.cpu()
+    if int(host[0]) != 0:
+        raise ValueError(f"cum_seq_lens_q[0] must be 0, got {int(host[0])}")
+    lens = host[1:] - host[:-1]
+    if batch_size and int(lens.min()) < 0:
+        b = int(torch.argmin(lens))
+        raise ValueError(
+            f"cum_seq_lens_q must be non-decreasing, got cum[{b}] = {int(host[b])} > cum[{b + 1}] = {int(host[b + 1])}"
+        )
+    if int(host[-1]) != total_q:
+        raise ValueError(
+            f"cum_seq_lens_q[B] must equal total_q = query.shape[0] = {total_q}, got {int(host[-1])}"
+        )
+    return int(lens.max()) if batch_size else 0
+
+
+# The same function serves chunked prefill: ragged queries of thousands of tokens per request.
+trtllm_prefill_with_kv_cache_mla = trtllm_batch_decode_with_kv_cache_mla

@@ -1,0 +1,150 @@
+"""``python -m jit_mla [run|build|info]`` (also the ``jit-mla`` script); ``run`` is the default."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import jit_mla
+from jit_mla import _paths, cubins, env
+
+_COMMANDS = ("run", "build", "info")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or (argv[0] not in _COMMANDS and argv[0] not in ("-h", "--help")):
+        argv.insert(0, "run")
+    args = _parser().parse_args(argv)
+    try:
+        return args.func(args) or 0
+    except (cubins.CubinError, env.JitError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m jit_mla", description="MLA attention kernels: run the demo, build, or show info."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run the demo on the GPU (the default command)")
+    run.add_argument("--shape", help="problem shape, passed to the demo")
+    run.add_argument("--dtype", help="KV cache dtype, passed to the demo")
+    run.add_argument("--repeat", type=int, help="number of calls, passed to the demo")
+    run.set_defaults(func=_run)
+
+    build = sub.add_parser("build", help="build the launcher module (and with --cubins the cubins)")
+    build.add_argument(
+        "--cubins",
+        action="store_true",
+        help=f"first regenerate the kernel cubins and manifest in {_paths.cubins_dir()} "
+        "(needs nvcc, no GPU)",
+    )
+    build.add_argument(
+        "--arch",
+        action="append",
+        help="arch(s) for --cubins, e.g. sm_90a; repeat or separate by commas "
+        f"(default: all with kernels: {', '.join(sorted(cubins.KERNEL_SOURCES))})",
+    )
+    build.set_defaults(func=_build)
+
+    info = sub.add_parser("info", help="versions, toolkit, cache, cubins and GPU")
+    info.set_defaults(func=_info)
+    return parser
+
+
+def _run(args: argparse.Namespace) -> int | None:
+    from jit_mla import demo  # lazy: needs a GPU and imports torch
+
+    return demo.main(args)
+
+
+def _build(args: argparse.Namespace) -> None:
+    if args.cubins:
+        given = " ".join(args.arch or sorted(cubins.KERNEL_SOURCES))
+        archs = given.replace(",", " ").split()
+        root = _paths.cubins_dir()
+        manifest = cubins.build_cubins(archs, root)
+        for arch in archs:
+            entry = manifest["cubins"][arch]
+            print(f"cubin {arch}: {root / entry['file']} (sha256 {entry['sha256'][:16]})")
+    from jit_mla import launcher  # lazy: builds with tvm_ffi and ninja
+
+    launcher.build_launcher()
+    print("launcher: built")
+
+
+def _info(args: argparse.Namespace) -> None:
+    def line(label: str, value: Callable[[], object]) -> None:
+        try:
+            text = value()
+        except Exception as e:  # info reports what is broken instead of stopping at it
+            text = f"unavailable: {e}"
+        print(f"{label:<10}{text}")
+
+    import torch
+    import tvm_ffi
+
+    line("jit_mla", _jit_mla_version)
+    line("torch", lambda: torch.__version__)
+    line("tvm_ffi", lambda: tvm_ffi.__version__)
+    line("nvcc", env.nvcc_version)
+    line("CUDA", env.cuda_home)
+    line("csrc", _paths.csrc_dir)
+    line("cache", _cache_contents)
+    line("cubins", _manifest_report)
+    line("GPU", _gpu_report)
+
+
+def _jit_mla_version() -> str:
+    return f"{jit_mla.__version__} ({Path(jit_mla.__file__).parent})"
+
+
+def _cache_contents() -> str:
+    cache = env.cache_dir()
+    lines = [str(cache)]
+    modules = sorted(d.name for d in cache.iterdir() if (d / "done").is_file())
+    lines += [f"  built module: {name}" for name in modules]
+    for manifest in sorted(cache.glob(f"cubins/*/{cubins.MANIFEST}")):
+        for arch, entry in sorted((cubins._load_manifest(manifest.parent) or {}).items()):
+            lines.append(f"  built cubin:  {arch} {manifest.parent / entry['file']}")
+    if len(lines) == 1:
+        lines.append("  (nothing built yet)")
+    return "\n".join(lines)
+
+
+def _manifest_report() -> str:
+    root = _paths.cubins_dir()
+    lines = [str(root / cubins.MANIFEST)]
+    try:
+        entries = cubins._load_manifest(root) or {}
+    except cubins.CubinError:
+        entries = {}  # check_manifest below says what is wrong with it
+    for arch, entry in sorted(entries.items()):
+        lines.append(f"  {arch}: {entry['file']} (nvcc {entry['nvcc_version']})")
+    problems = cubins.check_manifest(root)
+    lines += [f"  problem: {p}" for p in problems] or ["  status: ok"]
+    return "\n".join(lines)
+
+
+def _gpu_report() -> str:
+    import torch
+
+    if not torch.cuda.is_available():
+        return "no GPU"
+    shipped = cubins._load_manifest(_paths.cubins_dir()) or {}
+    lines = []
+    for i in range(torch.cuda.device_count()):
+        arch = env.device_arch(i)
+        if arch in shipped:
+            fits = f"shipped cubin {shipped[arch]['file']}"
+        elif arch in cubins.KERNEL_SOURCES:
+            fits = "no shipped cubin: built into the cache on first use"
+        else:
+            fits = f"no kernels for {arch} (jit_mla has {', '.join(sorted(cubins.KERNEL_SOURCES))})"
+        lines.append(f"{i}: {torch.cuda.get_device_name(i)} ({arch}): {fits}")
+    return "\n".join(lines)
