@@ -19,7 +19,7 @@ ENV_VARS: dict[str, str] = {
     "JIT_MLA_VERBOSE": "1 prints the compiler commands of every JIT build",
     "JIT_MLA_CUDA_ARCH_LIST": "archs to build for, comma or space separated: sm_90a, 9.0a or 90a "
     "(default: the current device's arch)",
-    "JIT_MLA_CHECK_INPUTS": "1 turns on device-side input checks in the kernels",
+    "JIT_MLA_CHECK_INPUTS": "reserved for opt-in device-side input checks (page ids, lengths); not read yet",
     "JIT_MLA_LOCK_TIMEOUT": "seconds to wait for another process's build lock (default 900)",
     "CUDA_HOME": "CUDA toolkit root, the folder holding bin/nvcc (default: from nvcc on PATH)",
 }
