@@ -32,7 +32,7 @@ constexpr int kNumStages = 2;                       // KV tiles in flight
 // overhead (Q load, epilogue, partial write), in KV-block units; a CTA gets at least
 // kMinBlocksPerCta of work so that short inputs do not shatter into tiny splits.
 constexpr int kUnitOverheadBlocks = 2;
-constexpr int kMinBlocksPerCta = 6;
+constexpr int kMinBlocksPerCta = 2;
 constexpr int kSlotsPerCta = 2;  // a CTA's range splits at most its first and its last unit
 constexpr int kMaxCtas = 1024;   // plan kernel uses one thread per CTA boundary
 

@@ -138,7 +138,7 @@ void check_scale_device(const Scale& s, DLDevice want, const char* name) {
 
 // ---- workspace ---------------------------------------------------------------------------------
 struct WorkspaceLayout {
-  size_t unit_prefix, cost_prefix, bounds, split_units, partial_lse, partial_o, total;
+  size_t group_prefix, cost_prefix, bounds, split_groups, partial_lse, partial_o, total;
 };
 
 constexpr size_t kWsAlign = 256;
@@ -149,18 +149,30 @@ int64_t max_units_of(int64_t batch, int64_t total_q, int64_t num_heads) {
   return total_q * num_heads / kBlockM + batch;
 }
 
-int64_t num_ctas_of(int64_t sm_count) { return std::min<int64_t>(std::max<int64_t>(sm_count, 1), kMaxCtas); }
+// CTAs of the attention kernel: one per SM (1 CTA/SM: 225 KiB of smem), in sets of m_group.
+// With H a multiple of 128 every token has an even number of 64-row units: a set of two CTAs
+// walks the same KV blocks together, so each KV block comes from DRAM once and L2 serves the
+// second reader.
+struct CtaPlan {
+  int m_group;
+  int num_ctas;
+};
+CtaPlan cta_plan(int64_t num_heads, int64_t sm_count) {
+  const int m_group = num_heads % 128 == 0 ? 2 : 1;
+  const int64_t ctas = std::min<int64_t>(std::max<int64_t>(sm_count, 1), kMaxCtas);
+  return CtaPlan{m_group, static_cast<int>(std::max<int64_t>(m_group, ctas / m_group * m_group))};
+}
 
 WorkspaceLayout workspace_layout(int64_t batch, int64_t total_q, int64_t num_heads, int64_t sm_count) {
   const int64_t units = max_units_of(batch, total_q, num_heads);
-  const int64_t ctas = num_ctas_of(sm_count);
+  const int64_t ctas = cta_plan(num_heads, sm_count).num_ctas;
   const int64_t slots = kSlotsPerCta * ctas;
   WorkspaceLayout w{};
   size_t off = 0;
-  w.unit_prefix = off;  off = align_up(off + sizeof(int) * (batch + 1));
+  w.group_prefix = off; off = align_up(off + sizeof(int) * (batch + 1));
   w.cost_prefix = off;  off = align_up(off + sizeof(int64_t) * (units + 1));
   w.bounds = off;       off = align_up(off + sizeof(WorkPos) * (ctas + 1));
-  w.split_units = off;  off = align_up(off + sizeof(int) * (ctas + 1));
+  w.split_groups = off; off = align_up(off + sizeof(int) * (ctas + 1));
   w.partial_lse = off;  off = align_up(off + sizeof(float) * slots * kBlockM);
   w.partial_o = off;    off = align_up(off + sizeof(float) * slots * kBlockM * kHeadDimV);
   w.total = off + kWsAlign;  // slack: the buffer's start is aligned up to 256 bytes
@@ -451,14 +463,16 @@ void trtllm_paged_attention_decode(
   p.bmm2_scale = s2.value;
   p.out = data_of(out);
   p.lse = lse.has_value() ? reinterpret_cast<float*>(data_of(*lse)) : nullptr;
-  p.unit_prefix = reinterpret_cast<int*>(ws_base + ws.unit_prefix);
+  p.group_prefix = reinterpret_cast<int*>(ws_base + ws.group_prefix);
   p.cost_prefix = reinterpret_cast<int64_t*>(ws_base + ws.cost_prefix);
   p.bounds = reinterpret_cast<WorkPos*>(ws_base + ws.bounds);
-  p.split_units = reinterpret_cast<int*>(ws_base + ws.split_units);
+  p.split_groups = reinterpret_cast<int*>(ws_base + ws.split_groups);
   p.partial_lse = reinterpret_cast<float*>(ws_base + ws.partial_lse);
   p.partial_o = reinterpret_cast<float*>(ws_base + ws.partial_o);
-  p.max_units = static_cast<int>(max_units_of(batch_size, total_q, num_heads));
-  p.num_ctas = static_cast<int>(num_ctas_of(sm_count));
+  p.max_groups = static_cast<int>(max_units_of(batch_size, total_q, num_heads));
+  const CtaPlan ctas = cta_plan(num_heads, sm_count);
+  p.m_group = ctas.m_group;
+  p.num_ctas = ctas.num_ctas;
 
   // ---- 4. launch: plan -> attention -> combine (the last two with PDL when enabled) ------------
   launch(k.plan, 1, kPlanThreads, 0, stream, false, &p, "mla_sm90_plan");

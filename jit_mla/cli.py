@@ -27,14 +27,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m jit_mla", description="MLA attention kernels: run the demo, build, or show info."
+        prog="python -m jit_mla",
+        description="MLA attention kernels: run the demo, build, or show info.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run the demo on the GPU (the default command)")
-    run.add_argument("--shape", help="problem shape, passed to the demo")
-    run.add_argument("--dtype", help="KV cache dtype, passed to the demo")
-    run.add_argument("--repeat", type=int, help="number of calls, passed to the demo")
+    run.add_argument("--shape", metavar="B,Q_LEN,H,KV_LEN", help="one problem shape for the demo")
+    run.add_argument("--dtype", help="KV cache dtype for the demo (bf16)")
+    run.add_argument("--repeat", type=int, help="timed calls per shape in the demo")
     run.set_defaults(func=_run)
 
     build = sub.add_parser("build", help="build the launcher module (and with --cubins the cubins)")

@@ -191,7 +191,7 @@ def _concrete(flags: list[str], csrc: Path) -> list[str]:
 
 
 def build_cubins(archs: list[str] | tuple[str, ...], out_root: Path | str | None = None) -> dict:
-    """Compile each arch's cubin into ``out_root`` (default: ``cubins_dir()``) and write the manifest.
+    """Compile each arch's cubin into ``out_root`` (default ``cubins_dir()``); write the manifest.
 
     Entries of archs not named are kept. Returns the manifest written.
     """
@@ -250,8 +250,8 @@ def _portable_file_table(ptx: str, csrc: Path) -> str:
         if path.startswith(root + os.sep):
             path = "csrc/" + Path(path).relative_to(root).as_posix()
         else:
-            # Toolkit and library headers (e.g. <toolkit>/targets/x86_64-linux/include/cuda_bf16.hpp)
-            # as the #include names them.
+            # Toolkit and library headers as the #include names them, e.g.
+            # <toolkit>/targets/x86_64-linux/include/cuda_bf16.hpp -> include/cuda_bf16.hpp
             _, sep, header = path.partition("/include/")
             path = f"include/{header}" if sep else path
         return m[1] + path + m[3]
@@ -273,21 +273,26 @@ def _run_nvcc(cmd: list[str], cwd: str) -> None:
 
 def _function_symbols(data: bytes) -> set[str]:
     """Names of the FUNC symbols in an ELF64 cubin's symbol table (what `nm` would list)."""
-    if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
+    if data[:6] != b"\x7fELF\x02\x01":
         return set()  # not a little-endian ELF64: it holds no kernels we can name
-    (shoff,) = struct.unpack_from("<Q", data, 0x28)
-    shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
-    sections = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
     names: set[str] = set()
-    for _, sh_type, _, _, offset, size, link, _, _, entsize in sections:
-        if sh_type != 2 or not entsize:  # SHT_SYMTAB
-            continue
-        strtab = sections[link][4]
-        for pos in range(offset, offset + size, entsize):
-            st_name, st_info = struct.unpack_from("<IB", data, pos)
-            if st_info & 0xF == 2:  # STT_FUNC
-                end = data.index(b"\0", strtab + st_name)
-                names.add(data[strtab + st_name : end].decode())
+    try:
+        (shoff,) = struct.unpack_from("<Q", data, 0x28)
+        shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
+        sections = [
+            struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)
+        ]
+        for _, sh_type, _, _, offset, size, link, _, _, entsize in sections:
+            if sh_type != 2 or not entsize:  # SHT_SYMTAB
+                continue
+            strtab = sections[link][4]
+            for pos in range(offset, offset + size, entsize):
+                st_name, st_info = struct.unpack_from("<IB", data, pos)
+                if st_info & 0xF == 2:  # STT_FUNC
+                    end = data.index(b"\0", strtab + st_name)
+                    names.add(data[strtab + st_name : end].decode())
+    except (struct.error, IndexError, ValueError):  # truncated or garbled ELF
+        return set()
     return names
 
 
@@ -325,7 +330,7 @@ def _load_manifest(root: Path) -> dict[str, dict] | None:
     entries = manifest.get("cubins")
     if manifest.get("format") != MANIFEST_FORMAT or not isinstance(entries, dict):
         raise CubinError(
-            f"{path}: expected {{\"format\": {MANIFEST_FORMAT}, \"cubins\": {{...}}}}; {REBUILD_HINT}"
+            f'{path}: expected {{"format": {MANIFEST_FORMAT}, "cubins": {{...}}}}; {REBUILD_HINT}'
         )
     for arch, entry in entries.items():
         if not isinstance(entry, dict) or set(entry) != _ENTRY_KEYS:

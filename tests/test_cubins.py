@@ -18,6 +18,7 @@ import types
 from dataclasses import dataclass
 from pathlib import Path
 
+import filelock
 import pytest
 
 import jit_mla
@@ -165,11 +166,14 @@ def test_rebuild_equals_committed(tmp_path):
     manifest = shipped_manifest()
     built_with = {e["nvcc_version"] for e in manifest["cubins"].values()}
     if built_with != {env.nvcc_version()}:
-        pytest.skip(f"cubins were built with nvcc {sorted(built_with)}, here is {env.nvcc_version()}")
+        pytest.skip(
+            f"cubins built with nvcc {sorted(built_with)}, this machine has {env.nvcc_version()}"
+        )
     rebuilt = cubins.build_cubins(sorted(manifest["cubins"]), tmp_path)
     assert rebuilt == manifest
     for entry in manifest["cubins"].values():
-        assert (tmp_path / entry["file"]).read_bytes() == (SHIPPED_ROOT / entry["file"]).read_bytes()
+        rebuilt_bytes = (tmp_path / entry["file"]).read_bytes()
+        assert rebuilt_bytes == (SHIPPED_ROOT / entry["file"]).read_bytes()
     assert (tmp_path / cubins.MANIFEST).read_text() == (SHIPPED_ROOT / cubins.MANIFEST).read_text()
 
 
@@ -262,7 +266,8 @@ def test_manifest_file_outside_its_folder_is_refused(fake):
 
 
 def test_arch_without_kernels_is_refused(fake):
-    with pytest.raises(CubinError, match=f"no kernels for 'sm_70'.*{FAKE_ARCH}, {FAKE_UNSHIPPED_ARCH}"):
+    supported = f"{FAKE_ARCH}, {FAKE_UNSHIPPED_ARCH}"
+    with pytest.raises(CubinError, match=f"no kernels for 'sm_70'.*{supported}"):
         cubins.verified_cubin("sm_70")
     with pytest.raises(CubinError, match="no kernels for 'sm_70'"):
         cubins.build_cubins(["sm_70"], fake[1])
@@ -303,7 +308,8 @@ def test_build_is_reproducible_wherever_the_sources_lie(fake, tmp_path, monkeypa
     elsewhere = shutil.copytree(csrc, tmp_path / "some" / "other" / "checkout" / "csrc")
     monkeypatch.setattr(_paths, "csrc_dir", lambda: elsewhere)
     rebuilt = cubins.build_cubins([FAKE_ARCH], tmp_path / "rebuilt")
-    assert (tmp_path / "rebuilt" / cubins.MANIFEST).read_text() == (root / cubins.MANIFEST).read_text()
+    manifest_text = (tmp_path / "rebuilt" / cubins.MANIFEST).read_text()
+    assert manifest_text == (root / cubins.MANIFEST).read_text()
     file = rebuilt["cubins"][FAKE_ARCH]["file"]
     data = (tmp_path / "rebuilt" / file).read_bytes()
     assert data == (root / file).read_bytes()
@@ -330,7 +336,9 @@ def test_source_hash_ignores_location_and_mtime(fake, tmp_path, monkeypatch):
 
 def test_missing_kernel_symbol_fails_the_build(fake, tmp_path, monkeypatch):
     monkeypatch.setitem(
-        cubins.KERNEL_SOURCES, FAKE_ARCH, KernelSource(FAKE_KERNELS.source, ("fake_scale", "no_such"))
+        cubins.KERNEL_SOURCES,
+        FAKE_ARCH,
+        KernelSource(FAKE_KERNELS.source, ("fake_scale", "no_such")),
     )
     with pytest.raises(CubinError, match="lacks the kernels no_such"):
         cubins.build_cubins([FAKE_ARCH], tmp_path / "out")
@@ -379,6 +387,24 @@ def test_no_manifest_at_all_builds_into_the_cache(fake, tmp_path):
     assert "missing" in problem
 
 
+def test_cache_build_waits_for_the_lock_then_times_out(fake, tmp_path, monkeypatch):
+    monkeypatch.setenv("JIT_MLA_LOCK_TIMEOUT", "0.2")
+    cache = tmp_path / "cache" / "cubins" / cubins.source_hash(FAKE_UNSHIPPED_ARCH)[:16]
+    cache.mkdir(parents=True)
+    # flock locks conflict between two open file descriptions, also within one process.
+    with filelock.FileLock(cache / ".lock", is_singleton=False):
+        with pytest.raises(CubinError, match="timed out .* JIT_MLA_LOCK_TIMEOUT"):
+            cubins.verified_cubin(FAKE_UNSHIPPED_ARCH)
+
+
+def test_symbol_check_reads_only_well_formed_elf(fake):
+    _, root = fake
+    data = (root / FAKE_ARCH / "kern.cubin").read_bytes()
+    assert set(FAKE_KERNELS.symbols) <= cubins._function_symbols(data)
+    for broken in (b"", b"garbage", data[:6], data[:100], data[: len(data) // 2]):
+        assert not set(FAKE_KERNELS.symbols) <= cubins._function_symbols(broken)
+
+
 # --------------------------------------------------------------------------------------------
 # CLI
 # --------------------------------------------------------------------------------------------
@@ -419,14 +445,3 @@ def test_cli_info_reports_manifest_status(fake, capsys):
     assert cli.main(["info"]) == 0
     assert "problem: " in capsys.readouterr().out
 
-
-def test_cache_build_waits_for_the_lock_then_times_out(fake, tmp_path, monkeypatch):
-    import filelock
-
-    monkeypatch.setenv("JIT_MLA_LOCK_TIMEOUT", "0.2")
-    cache = tmp_path / "cache" / "cubins" / cubins.source_hash(FAKE_UNSHIPPED_ARCH)[:16]
-    cache.mkdir(parents=True)
-    # flock locks conflict between two open file descriptions, also within one process.
-    with filelock.FileLock(cache / ".lock", is_singleton=False):
-        with pytest.raises(CubinError, match="timed out .* JIT_MLA_LOCK_TIMEOUT"):
-            cubins.verified_cubin(FAKE_UNSHIPPED_ARCH)

@@ -1,5 +1,5 @@
-// Combine kernel: merges the split-KV partials of every unit the plan split. One CTA per split
-// unit (grid = num_ctas, an upper bound of their count), one warp per row.
+// Combine kernel: merges the split-KV partials of every unit the plan split. One CTA per unit of
+// a split group (grid = num_ctas, an upper bound of their count), one warp per row.
 #pragma once
 #include "../config.h"
 #include "device_utils.cuh"
@@ -12,27 +12,32 @@ namespace jit_mla {
 __device__ void combine_splits(const MlaParams& p) {
   // The partials come from the attention kernel just before us (PDL: wait for its memory).
   pdl_wait_primary();
-  const int e = blockIdx.x;
-  if (e >= p.split_units[0]) return;
-  const int u = p.split_units[1 + e];
-  const Unit unit = unit_at(p, u);
+  // Block e merges lane (e % m_group) of the (e / m_group)-th split group.
+  const int e = blockIdx.x / p.m_group, lane_m = blockIdx.x % p.m_group;
+  if (e >= p.split_groups[0]) return;
+  const int grp = p.split_groups[1 + e];
+  const int b = find_request(p, grp);
+  const int m = (grp - p.group_prefix[b]) * p.m_group + lane_m;
+  if (m >= request_num_units(p, b)) return;  // the group's last set has no unit in this lane
+  const Unit unit = make_unit(p, b, m);
 
   __shared__ int s_slots[kMaxCtas];
   __shared__ int s_num_slots;
   if (threadIdx.x == 0) {
-    // The CTAs whose ranges [bounds[g], bounds[g+1]) meet unit u are consecutive, starting at
-    // the last g with bounds[g] <= (u, 0); empty ranges (equal bounds) wrote nothing.
-    const WorkPos start{u, 0};
-    int lo = 0, hi = p.num_ctas;
+    // The sets whose ranges [bounds[s], bounds[s+1]) meet the group are consecutive, starting at
+    // the last s with bounds[s] <= (grp, 0); empty ranges (equal bounds) wrote nothing.
+    const int num_sets = p.num_ctas / p.m_group;
+    const WorkPos start{grp, 0};
+    int lo = 0, hi = num_sets;
     while (lo < hi) {
       const int mid = (lo + hi + 1) >> 1;
       if (!pos_less(start, p.bounds[mid])) lo = mid; else hi = mid - 1;
     }
     int n = 0;
-    for (int g = lo; g < p.num_ctas && p.bounds[g].unit <= u; ++g) {
-      const WorkPos a = p.bounds[g], b = p.bounds[g + 1];
-      if (a.unit == b.unit && a.block == b.block) continue;
-      s_slots[n++] = partial_slot(p, g, u);
+    for (int s = lo; s < num_sets && p.bounds[s].group <= grp; ++s) {
+      const WorkPos a = p.bounds[s], c = p.bounds[s + 1];
+      if (a.group == c.group && a.block == c.block) continue;
+      s_slots[n++] = partial_slot(p, s, grp, lane_m);
     }
     s_num_slots = n;
   }

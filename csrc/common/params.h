@@ -5,10 +5,12 @@
 
 namespace jit_mla {
 
-// A position in the plan's work order: KV block `block` of unit `unit`. Units are 64-row tiles
-// of (query token x head) rows of one request, numbered request by request.
+// A position in the plan's work order: KV block `block` of group `group`. A unit is a 64-row
+// tile of (query token x head) rows of one request; a group is m_group consecutive units of one
+// request that m_group CTAs run side by side over the same KV blocks. Groups are numbered
+// request by request.
 struct WorkPos {
-  int unit;
+  int group;
   int block;
 };
 
@@ -38,14 +40,15 @@ struct MlaParams {
   float* lse;                 // [total_q, H] float32 base 2, or null
 
   // ---- workspace (laid out by workspace_layout in the launcher) -------------------------------
-  int* unit_prefix;           // [B+1]: first unit of each request
-  int64_t* cost_prefix;       // [max_units+1]: cumulative cost of units, in KV-block units
-  WorkPos* bounds;            // [num_ctas+1]: CTA g works on [bounds[g], bounds[g+1])
-  int* split_units;           // [1 + num_ctas]: count, then the units that have several splits
+  int* group_prefix;          // [B+1]: first group of each request
+  int64_t* cost_prefix;       // [max_groups+1]: cumulative cost of groups, in KV-block units
+  WorkPos* bounds;            // [num_ctas/m_group + 1]: CTA set s works on [bounds[s], bounds[s+1])
+  int* split_groups;          // [1 + num_ctas]: count, then the groups that have several splits
   float* partial_lse;         // [kSlotsPerCta * num_ctas, 64]
   float* partial_o;           // [kSlotsPerCta * num_ctas, 64, 512] normalized fp32
-  int max_units;              // upper bound of the unit count (sizes cost_prefix)
-  int num_ctas;               // grid of the attention kernel
+  int max_groups;             // upper bound of the group count (sizes cost_prefix)
+  int num_ctas;               // grid of the attention kernel, a multiple of m_group
+  int m_group;                // CTAs per set: units of a group run side by side (1 or 2)
 };
 
 }  // namespace jit_mla

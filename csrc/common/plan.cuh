@@ -1,10 +1,11 @@
 // Split-KV planner: one CTA of kPlanThreads threads, run on the device from seq_lens (no host
 // sync, so it is safe inside CUDA-graph capture and independent of max_seq_len).
 //
-// Work order: units (64-row tiles) request by request; unit u costs kUnitOverheadBlocks + its KV
-// blocks. The total cost W is cut into num_ctas' equal ranges; a cut falling inside a unit's KV
-// blocks splits that unit (its partials are merged by the combine kernel), a cut falling in its
-// overhead snaps to the unit's start. Deterministic: the same inputs give the same plan.
+// Work order: groups (m_group 64-row units run side by side) request by request; group g costs
+// kUnitOverheadBlocks + its KV blocks. The total cost W is cut into equal ranges, one per CTA set
+// (num_ctas / m_group of them); a cut falling inside a group's KV blocks splits it (the partials
+// are merged by the combine kernel), a cut falling in its overhead snaps to the group's start.
+// Deterministic: the same inputs give the same plan.
 #pragma once
 #include "../config.h"
 #include "params.h"
@@ -44,54 +45,54 @@ __device__ void plan_splits(const MlaParams& p) {
   const int tid = threadIdx.x;
   const int B = p.batch;
 
-  // 1. unit_prefix[b]: first unit of request b. Each thread scans a contiguous chunk serially.
+  // 1. group_prefix[b]: first group of request b. Each thread scans a contiguous chunk serially.
   {
     const int chunk = (B + kPlanThreads - 1) / kPlanThreads;
     const int b0 = min(B, tid * chunk), b1 = min(B, b0 + chunk);
     long long local = 0;
-    for (int b = b0; b < b1; ++b) local += request_num_units(p, b);
+    for (int b = b0; b < b1; ++b) local += request_num_groups(p, b);
     long long total;
     long long run = block_exclusive_scan(local, &total);
     for (int b = b0; b < b1; ++b) {
-      p.unit_prefix[b] = (int)run;
-      run += request_num_units(p, b);
+      p.group_prefix[b] = (int)run;
+      run += request_num_groups(p, b);
     }
-    if (tid == 0) p.unit_prefix[B] = (int)total;
+    if (tid == 0) p.group_prefix[B] = (int)total;
   }
   __syncthreads();
-  const int U = p.unit_prefix[B];
+  const int num_groups = p.group_prefix[B];
 
-  // 2. cost_prefix[u+1] = cost of units 0..u.
+  // 2. cost_prefix[g+1] = cost of groups 0..g.
   long long W;
   {
-    const int chunk = (U + kPlanThreads - 1) / kPlanThreads;
-    const int u0 = min(U, tid * chunk), u1 = min(U, u0 + chunk);
+    const int chunk = (num_groups + kPlanThreads - 1) / kPlanThreads;
+    const int g0 = min(num_groups, tid * chunk), g1 = min(num_groups, g0 + chunk);
     long long local = 0;
-    int b = u0 < u1 ? find_request(p, u0) : 0;
-    for (int u = u0; u < u1; ++u) {
-      while (p.unit_prefix[b + 1] <= u) ++b;
-      local += kUnitOverheadBlocks + make_unit(p, b, u - p.unit_prefix[b]).num_blocks;
+    int b = g0 < g1 ? find_request(p, g0) : 0;
+    for (int g = g0; g < g1; ++g) {
+      while (p.group_prefix[b + 1] <= g) ++b;
+      local += kUnitOverheadBlocks + group_num_blocks(p, b, g - p.group_prefix[b]);
     }
     long long run = block_exclusive_scan(local, &W);
-    b = u0 < u1 ? find_request(p, u0) : 0;
-    for (int u = u0; u < u1; ++u) {
-      while (p.unit_prefix[b + 1] <= u) ++b;
-      run += kUnitOverheadBlocks + make_unit(p, b, u - p.unit_prefix[b]).num_blocks;
-      p.cost_prefix[u + 1] = run;
+    b = g0 < g1 ? find_request(p, g0) : 0;
+    for (int g = g0; g < g1; ++g) {
+      while (p.group_prefix[b + 1] <= g) ++b;
+      run += kUnitOverheadBlocks + group_num_blocks(p, b, g - p.group_prefix[b]);
+      p.cost_prefix[g + 1] = run;
     }
     if (tid == 0) p.cost_prefix[0] = 0;
   }
   __syncthreads();
 
-  // 3. CTA boundaries. Few CTAs for little work: each gets >= kMinBlocksPerCta blocks' worth.
-  const int G = p.num_ctas;
-  const long long per_cta_min = kMinBlocksPerCta + kUnitOverheadBlocks;
-  const int g_eff = (int)max(1LL, min((long long)G, (W + per_cta_min - 1) / per_cta_min));
-  for (int g = tid; g <= G; g += kPlanThreads) {
-    const long long x = g >= g_eff ? W : (long long)g * W / g_eff;
-    WorkPos pos{U, 0};
+  // 3. Set boundaries. Few sets for little work: each gets >= kMinBlocksPerCta blocks' worth.
+  const int S = p.num_ctas / p.m_group;
+  const long long per_set_min = kMinBlocksPerCta + kUnitOverheadBlocks;
+  const int s_eff = (int)max(1LL, min((long long)S, (W + per_set_min - 1) / per_set_min));
+  for (int s = tid; s <= S; s += kPlanThreads) {
+    const long long x = s >= s_eff ? W : (long long)s * W / s_eff;
+    WorkPos pos{num_groups, 0};
     if (x < W) {
-      int lo = 0, hi = U - 1;  // largest u with cost_prefix[u] <= x
+      int lo = 0, hi = num_groups - 1;  // largest g with cost_prefix[g] <= x
       while (lo < hi) {
         const int mid = (lo + hi + 1) >> 1;
         if (p.cost_prefix[mid] <= x) lo = mid; else hi = mid - 1;
@@ -99,23 +100,23 @@ __device__ void plan_splits(const MlaParams& p) {
       const long long k = x - p.cost_prefix[lo] - kUnitOverheadBlocks;
       pos = WorkPos{lo, k > 0 ? (int)k : 0};
     }
-    p.bounds[g] = pos;
+    p.bounds[s] = pos;
   }
   __syncthreads();
 
-  // 4. Units split by at least one cut, listed once each (at their first cut) for the combine.
+  // 4. Groups split by at least one cut, listed once each (at their first cut) for the combine.
   {
     bool first_cut = false;
-    int unit = 0;
-    if (tid >= 1 && tid < G) {
+    int group = 0;
+    if (tid >= 1 && tid < S) {
       const WorkPos cur = p.bounds[tid], prev = p.bounds[tid - 1];
-      first_cut = cur.block > 0 && !(prev.unit == cur.unit && prev.block > 0);
-      unit = cur.unit;
+      first_cut = cur.block > 0 && !(prev.group == cur.group && prev.block > 0);
+      group = cur.group;
     }
     long long count;
     const long long idx = block_exclusive_scan(first_cut ? 1 : 0, &count);
-    if (first_cut) p.split_units[1 + idx] = unit;
-    if (tid == 0) p.split_units[0] = (int)count;
+    if (first_cut) p.split_groups[1 + idx] = group;
+    if (tid == 0) p.split_groups[0] = (int)count;
   }
 }
 

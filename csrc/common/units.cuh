@@ -49,30 +49,37 @@ __device__ __forceinline__ Unit make_unit(const MlaParams& p, int b, int m) {
   return u;
 }
 
-// The request owning unit u: the largest b with unit_prefix[b] <= u (skips empty requests).
-__device__ __forceinline__ int find_request(const MlaParams& p, int u) {
+__device__ __forceinline__ int request_num_groups(const MlaParams& p, int b) {
+  return (request_num_units(p, b) + p.m_group - 1) / p.m_group;
+}
+
+// KV blocks group j of request b runs over: those of its last unit, whose rows see the most.
+__device__ __forceinline__ int group_num_blocks(const MlaParams& p, int b, int j) {
+  const int last = min((j + 1) * p.m_group, request_num_units(p, b)) - 1;
+  return make_unit(p, b, last).num_blocks;
+}
+
+// The request owning group g: the largest b with group_prefix[b] <= g (skips empty requests).
+__device__ __forceinline__ int find_request(const MlaParams& p, int g) {
   int lo = 0, hi = p.batch - 1;
   while (lo < hi) {
     const int mid = (lo + hi + 1) >> 1;
-    if (p.unit_prefix[mid] <= u) lo = mid; else hi = mid - 1;
+    if (p.group_prefix[mid] <= g) lo = mid; else hi = mid - 1;
   }
   return lo;
 }
 
-__device__ __forceinline__ Unit unit_at(const MlaParams& p, int u) {
-  const int b = find_request(p, u);
-  return make_unit(p, b, u - p.unit_prefix[b]);
-}
-
 __device__ __forceinline__ bool pos_less(WorkPos a, WorkPos b) {
-  return a.unit < b.unit || (a.unit == b.unit && a.block < b.block);
+  return a.group < b.group || (a.group == b.group && a.block < b.block);
 }
 
-// Partial-result slot of CTA g for unit u: slot 2g for the unit its range starts inside of,
-// 2g+1 for the unit its range ends inside of (a CTA can split at most those two).
-__device__ __forceinline__ int partial_slot(const MlaParams& p, int g, int u) {
-  const WorkPos beg = p.bounds[g];
-  return (beg.unit == u && beg.block > 0) ? kSlotsPerCta * g : kSlotsPerCta * g + 1;
+// Partial-result slot of CTA set s for (lane) unit of group g: the set splits at most the group
+// its range starts inside of (slot pair 2s) and the one it ends inside of (2s+1); each of the
+// set's m_group CTAs has its own slot in the pair.
+__device__ __forceinline__ int partial_slot(const MlaParams& p, int s, int g, int lane) {
+  const WorkPos beg = p.bounds[s];
+  const int which = (beg.group == g && beg.block > 0) ? 0 : 1;
+  return (kSlotsPerCta * s + which) * p.m_group + lane;
 }
 
 }  // namespace jit_mla

@@ -97,18 +97,28 @@ __device__ void attention(const MlaParams& p) {
   // The plan is written by the kernel launched just before this one.
   pdl_wait_primary();
   pdl_launch_dependents();
-  const int g = blockIdx.x;
-  const WorkPos beg = p.bounds[g], end = p.bounds[g + 1];
-  if (beg.unit == end.unit && beg.block == end.block) return;
+  // CTA set `set` (m_group CTAs side by side) owns [bounds[set], bounds[set+1]); this CTA runs
+  // unit `lane` of each group there, over the same KV blocks as its partners (L2 serves them).
+  const int set = blockIdx.x / p.m_group, lane_m = blockIdx.x % p.m_group;
+  const WorkPos beg = p.bounds[set], end = p.bounds[set + 1];
+  if (beg.group == end.group && beg.block == end.block) return;
 
   const float scale_log2 = load_scale(p.bmm1_scale_ptr, p.bmm1_scale) * kLog2e;
   const float bmm2 = load_scale(p.bmm2_scale_ptr, p.bmm2_scale);
 
-  for (int u = beg.unit; u < end.unit || (u == end.unit && end.block > 0); ++u) {
-    const Unit unit = unit_at(p, u);
-    const int kb0 = u == beg.unit ? beg.block : 0;
-    const int kb1 = u == end.unit ? end.block : unit.num_blocks;
-    const bool split = kb0 > 0 || kb1 < unit.num_blocks;
+  for (int grp = beg.group; grp < end.group || (grp == end.group && end.block > 0); ++grp) {
+    const int b = find_request(p, grp);
+    const int j = grp - p.group_prefix[b];
+    const int m = j * p.m_group + lane_m;
+    if (m >= request_num_units(p, b)) continue;  // the request's last group is short
+    const Unit unit = make_unit(p, b, m);
+    const int group_blocks = group_num_blocks(p, b, j);
+    const int gkb0 = grp == beg.group ? beg.block : 0;
+    const int gkb1 = grp == end.group ? end.block : group_blocks;
+    // Split is decided per group, so all its units agree with the combine; a unit that sees fewer
+    // blocks than its group clips the range (possibly to nothing: it then writes an empty partial).
+    const bool split = gkb0 > 0 || gkb1 < group_blocks;
+    const int kb0 = min(gkb0, unit.num_blocks), kb1 = min(gkb1, unit.num_blocks);
     const int* bt_row = p.block_tables + (long long)unit.b * p.block_table_stride;
 
     // KV tokens each of this thread's two rows may see; rows past the unit see the extent so
@@ -240,7 +250,7 @@ __device__ void attention(const MlaParams& p) {
     const int col0 = wg * kOCols + 2 * q4;
 
     if (split) {
-      const int slot = partial_slot(p, g, u);
+      const int slot = partial_slot(p, set, grp, lane_m);
       float* po = p.partial_o + (long long)slot * kBlockM * kHeadDimV;
 #pragma unroll
       for (int t = 0; t < kOCols / 8; ++t) {

@@ -1,0 +1,927 @@
+#!/usr/bin/env python3
+"""MLA attention benchmark: jit_mla beside FlashInfer's Hopper MLA, against ceilings of this card.
+
+One run measures, on the same GPU and in this order:
+
+1. the card's ceilings: device-to-device copy bandwidth (``Tensor.copy_`` of a 4 GiB bf16 buffer,
+   bytes read + written), read-only streaming bandwidth (``Tensor.sum`` over 8 GiB of bf16, bytes
+   read) and the bf16 matmul rate (8192^3, N(0, 1) data, not zeros);
+2. the host overhead of one eager call of our Python wrapper + TVM-FFI launch (and of the
+   launcher call alone, and of FlashInfer's ``run()``), on a one-page shape;
+3. every shape of the table below, ours and FlashInfer's ``BatchMLAPagedAttentionWrapper(...,
+   backend="fa3")`` on the same data, each timed with CUDA graphs.
+
+Timing. For each shape the KV pool holds ``n_sets`` disjoint page sets (slabs), each with its own
+query and output, so one graph replay streams at least 512 MiB of KV (more than L2 can flatter).
+The N calls are captured into one graph; a replay runs them back to back; the per-call time is
+the median replay time / N. Inside a slab the pages of a request are scattered (a seeded
+permutation), and every slab uses the same page-table *structure*, so FlashInfer needs one plan
+per shape: its plan depends on lengths only, and each call passes its own slab as the cache.
+Only chunked prefill, whose query and output alone are over 512 MiB per call, runs one set.
+
+Formulas (bf16, ``D_qk = 576``, ``D_v = 512``):
+
+    bytes    = sum_b seq_len_b * 576 * 2       (KV read once)
+             + total_q * H * 576 * 2           (q)
+             + total_q * H * 512 * 2           (out)
+    FLOPs    = sum_b q_len_b * H * seq_len_b * 2 * (576 + 512)
+    roofline = max(bytes / copy_bandwidth, FLOPs / matmul_rate)
+    % of roofline = roofline / measured time
+
+FLOPs count every query token against the whole sequence, as the project's roofline does; with a
+causal mask, chunked prefill's visible work is about 12% smaller (``flops_visible`` in the JSON).
+
+FlashInfer semantics checked in its 0.7.2.post1 sources: the fa3 kernel masks ``kv_idx + qo_len >
+kv_len + q_idx`` (mla_hopper.cuh), i.e. bottom-right causal, the same as ours, so multi-token
+shapes are planned with ``causal=True``. Its plan needs host-side lengths and runs outside the
+graph; a shape its planner refuses is shown as n/a with the reason.
+
+Usage:
+    python benchmarks/bench_mla.py                    # everything; JSON + PNG in benchmarks/results
+    python benchmarks/bench_mla.py --quick --shapes 0,spec_*
+    python benchmarks/bench_mla.py --dry-run          # shape table with bytes and FLOPs, no GPU
+    python benchmarks/bench_mla.py --replot RESULT.json   # PNG and table again from a JSON
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import fnmatch
+import json
+import math
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+# ---- model dimensions (DeepSeek-V3/R1, Kimi-K2: one latent head, a row = [ckv 512 | kpe 64]) ----
+KV_LORA_RANK = 512
+QK_ROPE_HEAD_DIM = 64
+QK_NOPE_HEAD_DIM = 128  # pre-absorption: only the softmax scale depends on it
+D_QK = KV_LORA_RANK + QK_ROPE_HEAD_DIM  # 576: K is the whole cache row
+D_V = KV_LORA_RANK  # 512: V is its first 512 columns
+PAGE_SIZE = 64
+ELEM_BYTES = 2  # bf16
+FLOP_PER_KEY_ROW = 2 * (D_QK + D_V)  # QK^T + PV for one KV token and one (token, head) row: 2176
+SM_SCALE = 1.0 / math.sqrt(QK_NOPE_HEAD_DIM + QK_ROPE_HEAD_DIM)  # 1/sqrt(192), not 1/sqrt(576)
+
+MIB = 2**20
+GIB = 2**30
+MIN_BYTES_PER_REPLAY = 512 * MIB  # KV streamed per graph replay: well past the 50 MB L2
+SPEC_SEED = 0  # the ragged spec-decode draft lengths
+DATA_SEED = 1234
+FLASHINFER_WORKSPACE_BYTES = 256 * MIB
+# H200 figures from the kernel notes; used only by --dry-run and --assume-ceilings.
+NOMINAL_CEILINGS = {"copy_tbps": 4.3, "read_tbps": 4.4, "matmul_tflops": 740.0}
+
+
+# =================================================================================================
+# Shapes and formulas (no torch needed: --dry-run and the CPU test use only this part)
+# =================================================================================================
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One benchmark case: per-request query and KV lengths, and the head count."""
+
+    name: str
+    num_heads: int
+    q_lens: tuple[int, ...]  # query tokens per request
+    kv_lens: tuple[int, ...]  # seq_lens per request (this step's query tokens included)
+    ragged: bool = False  # query as [total_q, H, 576] + cum_seq_lens_q (else [B, q_len, H, 576])
+    role: str = ""
+
+    @property
+    def batch(self) -> int:
+        return len(self.kv_lens)
+
+    @property
+    def total_q(self) -> int:
+        return sum(self.q_lens)
+
+    @property
+    def max_q_len(self) -> int:
+        return max(self.q_lens)
+
+    @property
+    def max_kv_len(self) -> int:
+        return max(self.kv_lens)
+
+    @property
+    def causal(self) -> bool:
+        """FlashInfer's plan flag: ours is always bottom-right causal, a no-op at q_len 1."""
+        return self.max_q_len > 1
+
+    @property
+    def kv_bytes(self) -> int:
+        return sum(self.kv_lens) * D_QK * ELEM_BYTES
+
+    @property
+    def q_bytes(self) -> int:
+        return self.total_q * self.num_heads * D_QK * ELEM_BYTES
+
+    @property
+    def out_bytes(self) -> int:
+        return self.total_q * self.num_heads * D_V * ELEM_BYTES
+
+    @property
+    def bytes(self) -> int:
+        return self.kv_bytes + self.q_bytes + self.out_bytes
+
+    @property
+    def flops(self) -> int:
+        return sum(q * self.num_heads * kv * FLOP_PER_KEY_ROW for q, kv in zip(self.q_lens, self.kv_lens))
+
+    @property
+    def flops_visible(self) -> int:
+        """FLOPs over the keys the causal mask lets through: token t of n sees L - n + t + 1 keys."""
+        total = 0
+        for n, kv in zip(self.q_lens, self.kv_lens):
+            keys = sum(max(0, min(kv, kv - n + t + 1)) for t in range(n))
+            total += keys * self.num_heads * FLOP_PER_KEY_ROW
+        return total
+
+    @property
+    def intensity(self) -> float:
+        return self.flops / self.bytes
+
+    @property
+    def pages_per_set(self) -> int:
+        return sum(-(-kv // PAGE_SIZE) for kv in self.kv_lens)
+
+    @property
+    def kv_bytes_per_set(self) -> int:
+        """KV bytes of one page set in whole pages (what the pool holds for one call)."""
+        return self.pages_per_set * PAGE_SIZE * D_QK * ELEM_BYTES
+
+    @property
+    def n_sets(self) -> int:
+        """Calls per graph replay, each on its own page set, so a replay streams >= 512 MiB of KV.
+
+        A call whose query and output alone pass 512 MiB (chunked prefill) runs one set: its
+        KV (38 MB) is re-read from L2 by every query tile anyway, as in a real prefill.
+        """
+        if self.q_bytes + self.out_bytes >= MIN_BYTES_PER_REPLAY:
+            return 1
+        return max(1, -(-MIN_BYTES_PER_REPLAY // self.kv_bytes_per_set))
+
+    def describe(self) -> str:
+        q = f"q={self.q_lens[0]}" if len(set(self.q_lens)) == 1 else f"q={min(self.q_lens)}..{self.max_q_len}"
+        kv = f"kv={self.kv_lens[0]}" if len(set(self.kv_lens)) == 1 else f"kv={min(self.kv_lens)}..{self.max_kv_len}"
+        return f"B={self.batch} {q} (total {self.total_q}) {kv} H={self.num_heads}"
+
+
+def uniform_shape(batch: int, kv_len: int, num_heads: int, q_len: int, role: str = "") -> Shape:
+    return Shape(
+        name=f"b{batch}_kv{kv_len}_h{num_heads}_q{q_len}",
+        num_heads=num_heads,
+        q_lens=(q_len,) * batch,
+        kv_lens=(kv_len,) * batch,
+        role=role,
+    )
+
+
+def shape_table() -> list[Shape]:
+    """The fixed table: DeepSeek-V3 at TP1 (H 128) and TP8 (H 16), MTP, spec decode, prefill."""
+    rng = random.Random(SPEC_SEED)
+    spec_q = tuple(rng.randint(1, 4) for _ in range(64))
+    return [
+        uniform_shape(128, 4096, 128, 1, "TP1 decode"),
+        uniform_shape(128, 4096, 128, 2, "TP1 MTP 2"),
+        uniform_shape(128, 8192, 128, 1, "TP1 decode, long"),
+        uniform_shape(32, 32768, 128, 1, "TP1 decode, 32k"),
+        uniform_shape(64, 8192, 16, 1, "TP8 decode"),
+        uniform_shape(128, 4096, 16, 2, "TP8 MTP 2"),
+        uniform_shape(64, 8192, 16, 4, "TP8 MTP 4"),
+        uniform_shape(32, 4096, 128, 1, "TP1 small batch"),
+        uniform_shape(8, 4096, 128, 1, "TP1 batch 8"),
+        uniform_shape(1, 8192, 16, 1, "TP8 one request"),
+        uniform_shape(1, 65536, 128, 1, "TP1 one 64k request"),
+        Shape("spec_b64_q1to4_kv4096_h128", 128, spec_q, (4096,) * 64, ragged=True,
+              role="ragged spec decode (q_len 1..4, seeded)"),
+        Shape("prefill_4x2048_kv8192_h128", 128, (2048,) * 4, (8192,) * 4, ragged=True,
+              role="chunked prefill"),
+    ]
+
+
+def select_shapes(shapes: Sequence[Shape], spec: Optional[str]) -> list[Shape]:
+    """``--shapes``: comma-separated indices, names or glob patterns; None = all, in table order."""
+    if not spec:
+        return list(shapes)
+    picked: set[int] = set()
+    for token in (t.strip() for t in spec.split(",")):
+        if not token:
+            continue
+        if token.lstrip("-").isdigit():
+            i = int(token)
+            if not 0 <= i < len(shapes):
+                raise ValueError(f"--shapes index {i} out of range 0..{len(shapes) - 1}")
+            picked.add(i)
+            continue
+        hits = [i for i, s in enumerate(shapes) if fnmatch.fnmatchcase(s.name, token)]
+        if not hits:
+            names = ", ".join(s.name for s in shapes)
+            raise ValueError(f"--shapes {token!r} matches no shape; shapes are: {names}")
+        picked.update(hits)
+    return [shapes[i] for i in sorted(picked)]
+
+
+def roofline_seconds(nbytes: float, flops: float, copy_bytes_per_s: float, matmul_flops_per_s: float) -> float:
+    return max(nbytes / copy_bytes_per_s, flops / matmul_flops_per_s)
+
+
+def shape_row(index: int, shape: Shape) -> dict:
+    """The JSON row of a shape before any timing: its sizes and formulas."""
+    return {
+        "index": index,
+        "name": shape.name,
+        "role": shape.role,
+        "batch": shape.batch,
+        "num_heads": shape.num_heads,
+        "q_lens": sorted(set(shape.q_lens)) if len(set(shape.q_lens)) > 1 else shape.q_lens[0],
+        "kv_len": shape.kv_lens[0] if len(set(shape.kv_lens)) == 1 else list(shape.kv_lens),
+        "total_q": shape.total_q,
+        "ragged": shape.ragged,
+        "causal": shape.causal,
+        "kv_bytes": shape.kv_bytes,
+        "q_bytes": shape.q_bytes,
+        "out_bytes": shape.out_bytes,
+        "bytes": shape.bytes,
+        "flops": shape.flops,
+        "flops_visible": shape.flops_visible,
+        "intensity_flop_per_byte": shape.intensity,
+        "n_sets": shape.n_sets,
+        "kv_bytes_per_replay": shape.n_sets * shape.kv_bytes_per_set,
+    }
+
+
+def add_roofline(row: dict, ceilings: dict) -> None:
+    copy = ceilings["copy_tbps"] * 1e12
+    mm = ceilings["matmul_tflops"] * 1e12
+    row["roofline_us"] = roofline_seconds(row["bytes"], row["flops"], copy, mm) * 1e6
+    row["bound"] = "memory" if row["bytes"] / copy >= row["flops"] / mm else "compute"
+
+
+def perf_fields(row: dict, us: float) -> dict:
+    """TB/s, TFLOP/s and % of roofline for a per-call time in microseconds."""
+    s = us * 1e-6
+    out = {"us": us, "tbps": row["bytes"] / s / 1e12, "tflops": row["flops"] / s / 1e12}
+    if "roofline_us" in row:
+        out["pct_roofline"] = 100.0 * row["roofline_us"] / us
+    return out
+
+
+def print_dry_run(shapes: Sequence[Shape], all_shapes: Sequence[Shape], ceilings: dict) -> None:
+    print(f"# MLA benchmark shapes (page {PAGE_SIZE}, bf16, D_qk {D_QK}, D_v {D_V}); roofline at "
+          f"assumed ceilings: copy {ceilings['copy_tbps']} TB/s, bf16 matmul {ceilings['matmul_tflops']} TFLOP/s")
+    print("bytes = KV (sum seq_len*576*2) + q (total_q*H*576*2) + out (total_q*H*512*2); "
+          "FLOPs = sum q_len*H*seq_len*2*(576+512)")
+    print()
+    head = ("| # | shape | B | H | total_q | kv | KV MB | q MB | out MB | bytes | FLOPs | FLOP/B | "
+            "bound | roofline µs | sets | KV MB/replay |")
+    print(head)
+    print("|" + "---|" * (head.count("|") - 1))
+    for s in shapes:
+        row = shape_row(all_shapes.index(s), s)
+        add_roofline(row, ceilings)
+        print(f"| {row['index']} | {s.name} | {s.batch} | {s.num_heads} | {s.total_q} | {row['kv_len']} | "
+              f"{s.kv_bytes / 1e6:.1f} | {s.q_bytes / 1e6:.2f} | {s.out_bytes / 1e6:.2f} | {s.bytes} | "
+              f"{s.flops} | {s.intensity:.1f} | {row['bound']} | {row['roofline_us']:.1f} | {s.n_sets} | "
+              f"{row['kv_bytes_per_replay'] / 1e6:.0f} |")
+
+
+# =================================================================================================
+# Reporting (from the JSON dict, so --replot needs no GPU)
+# =================================================================================================
+
+
+def _fmt(x: Optional[float], spec: str) -> str:
+    return "n/a" if x is None else format(x, spec)
+
+
+def markdown_table(result: dict) -> str:
+    lines = [
+        "| # | shape | bound | ours µs | TB/s | TFLOP/s | % roof | FI µs | FI % roof | FI/ours |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in result.get("rows", []):
+        ours = row.get("ours") or {}
+        fi = row.get("flashinfer") or {}
+        ratio = row.get("ratio_fi_over_ours")
+        lines.append(
+            f"| {row['index']} | {row['name']} | {row.get('bound', '?')[:3]} | {_fmt(ours.get('us'), '.1f')} | "
+            f"{_fmt(ours.get('tbps'), '.2f')} | {_fmt(ours.get('tflops'), '.0f')} | "
+            f"{_fmt(ours.get('pct_roofline'), '.1f')} | {_fmt(fi.get('us'), '.1f')} | "
+            f"{_fmt(fi.get('pct_roofline'), '.1f')} | {_fmt(ratio, '.2f')} |"
+        )
+    return "\n".join(lines)
+
+
+def summary_lines(result: dict) -> list[str]:
+    lines = []
+    gpu = result.get("gpu", {})
+    c = result.get("ceilings", {})
+    lines.append(
+        f"GPU {gpu.get('name', '?')} ({gpu.get('sm_count', '?')} SMs); commit {result.get('git_commit', '?')[:12]}; "
+        f"{result.get('date', '?')}"
+    )
+    if c:
+        lines.append(
+            f"ceilings{' (assumed)' if c.get('assumed') else ''}: copy {c['copy_tbps']:.2f} TB/s, "
+            f"read {c['read_tbps']:.2f} TB/s, bf16 matmul {c['matmul_tflops']:.0f} TFLOP/s"
+        )
+    h = result.get("host_overhead") or {}
+    if "api_median_us" in h:
+        parts = [f"api {h['api_median_us']:.1f} µs/call (median host time)"]
+        if h.get("api_loop_us") is not None:
+            parts.append(f"2000-call loop {h['api_loop_us']:.1f} µs/call")
+        if h.get("launcher_median_us") is not None:
+            parts.append(f"launcher alone {h['launcher_median_us']:.1f} µs")
+        if h.get("gpu_graph_us") is not None:
+            parts.append(f"GPU time {h['gpu_graph_us']:.1f} µs")
+        if h.get("flashinfer_run_median_us") is not None:
+            parts.append(f"FlashInfer run() {h['flashinfer_run_median_us']:.1f} µs")
+        lines.append("host overhead (one-page call, eager): " + "; ".join(parts))
+    elif h.get("error"):
+        lines.append(f"host overhead: error {h['error']}")
+    for row in result.get("rows", []):
+        for who in ("ours", "flashinfer"):
+            r = row.get(who) or {}
+            if r.get("error") or r.get("na"):
+                lines.append(f"note: {row['name']}: {who} {'n/a: ' + r['na'] if r.get('na') else 'error: ' + r['error']}")
+        chk = row.get("check") or {}
+        if chk.get("suspect"):
+            lines.append(f"note: {row['name']}: ours and FlashInfer differ: max |diff| {chk['max_abs_diff']:.3g} "
+                         f"(max |out| {chk['max_abs_out']:.3g})")
+    return lines
+
+
+def write_plot(result: dict, path: Path) -> Optional[Path]:
+    """Bar chart of % of roofline per shape, ours beside FlashInfer's. None when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    rows = result.get("rows", [])
+    names = [r["name"] for r in rows]
+    ours = [((r.get("ours") or {}).get("pct_roofline") or 0.0) for r in rows]
+    fi = [((r.get("flashinfer") or {}).get("pct_roofline") or 0.0) for r in rows]
+    x = range(len(rows))
+    w = 0.4
+    fig, ax = plt.subplots(figsize=(max(8.0, 0.75 * len(rows) + 2), 5.0))
+    ax.bar([i - w / 2 for i in x], ours, w, label="jit_mla", color="#1f77b4")
+    ax.bar([i + w / 2 for i in x], fi, w, label="FlashInfer fa3", color="#ff7f0e")
+    for i, r in enumerate(rows):
+        if not (r.get("flashinfer") or {}).get("pct_roofline"):
+            ax.text(i + w / 2, 1.0, "n/a", ha="center", va="bottom", fontsize=7, rotation=90)
+        if not (r.get("ours") or {}).get("pct_roofline"):
+            ax.text(i - w / 2, 1.0, "err", ha="center", va="bottom", fontsize=7, rotation=90)
+    ax.axhline(100.0, color="grey", lw=0.8, ls="--")
+    ax.set_xticks(list(x))
+    ax.set_xticklabels(names, rotation=35, ha="right", fontsize=8)
+    ax.set_ylabel("% of roofline (max(bytes/copy BW, FLOPs/matmul rate))")
+    c = result.get("ceilings", {})
+    gpu = result.get("gpu", {}).get("name", "?")
+    ax.set_title(
+        f"MLA bf16, page {PAGE_SIZE} on {gpu}: copy {c.get('copy_tbps', 0):.2f} TB/s, "
+        f"matmul {c.get('matmul_tflops', 0):.0f} TFLOP/s; commit {str(result.get('git_commit', '?'))[:10]}",
+        fontsize=9,
+    )
+    ax.legend(fontsize=8)
+    ax.set_ylim(0, max([105.0] + [v * 1.1 for v in ours + fi]))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+# =================================================================================================
+# GPU part
+# =================================================================================================
+
+
+def git_commit() -> tuple[str, Optional[bool]]:
+    try:
+        sha = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"], capture_output=True,
+                             text=True, timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10).stdout.strip() != ""
+        return sha or "unknown", dirty
+    except (OSError, subprocess.SubprocessError):
+        return "unknown", None
+
+
+_SMI_FIELDS = ("name", "clocks.sm", "clocks.mem", "clocks.max.sm", "clocks.max.mem", "power.draw",
+               "power.limit", "temperature.gpu", "driver_version")
+
+
+def nvidia_smi(uuid: Optional[str]) -> dict:
+    """Clocks, power and driver of this GPU from nvidia-smi ({} when it is not there)."""
+    cmd = ["nvidia-smi", f"--query-gpu={','.join(_SMI_FIELDS)}", "--format=csv,noheader"]
+    if uuid:
+        cmd.insert(1, f"--id={uuid if uuid.startswith('GPU-') else 'GPU-' + uuid}")
+    for attempt in (cmd, [c for c in cmd if not c.startswith("--id=")]):
+        try:
+            out = subprocess.run(attempt, capture_output=True, text=True, timeout=20)
+        except (OSError, subprocess.SubprocessError):
+            return {}
+        if out.returncode == 0 and out.stdout.strip():
+            values = [v.strip() for v in out.stdout.strip().splitlines()[0].split(",")]
+            return dict(zip(_SMI_FIELDS, values))
+    return {}
+
+
+class Bench:
+    """Holds torch, the device and the timing settings."""
+
+    def __init__(self, quick: bool):
+        import torch
+
+        self.torch = torch
+        self.dev = torch.device("cuda", torch.cuda.current_device())
+        self.quick = quick
+        # graph replays per measurement: enough for about target_s of replays, within [lo, hi]
+        self.target_s, self.min_replays, self.max_replays = (0.1, 5, 60) if quick else (1.0, 20, 1000)
+
+    # ---- timing ---------------------------------------------------------------------------------
+
+    def time_events(self, fn: Callable[[], object], warmup: int, reps: int) -> list[float]:
+        """Per-run milliseconds of fn, each bracketed by CUDA events."""
+        torch = self.torch
+        for _ in range(warmup):
+            fn()
+        torch.cuda.synchronize()
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        for s, e in zip(starts, ends):
+            s.record()
+            fn()
+            e.record()
+        torch.cuda.synchronize()
+        return [s.elapsed_time(e) for s, e in zip(starts, ends)]
+
+    def time_graph(self, calls: Sequence[Callable[[], object]]) -> dict:
+        """Capture the calls into one graph, replay it; per-call µs = median replay / len(calls)."""
+        torch = self.torch
+        for c in calls:  # eager warm-up: JIT builds, lazy init, nothing allocated during capture
+            c()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for c in calls:
+                c()
+        torch.cuda.synchronize()
+        graph.replay()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(3):
+            graph.replay()
+        torch.cuda.synchronize()
+        est = max((time.perf_counter() - t0) / 3, 1e-6)
+        replays = int(min(self.max_replays, max(self.min_replays, math.ceil(self.target_s / est))))
+        ms = sorted(self.time_events(graph.replay, warmup=0, reps=replays))
+        del graph
+        n = len(calls)
+        q = lambda p: ms[min(len(ms) - 1, int(p * (len(ms) - 1) + 0.5))] * 1e3 / n  # noqa: E731
+        return {"us": statistics.median(ms) * 1e3 / n, "p10_us": q(0.1), "p90_us": q(0.9),
+                "replays": replays, "calls_per_replay": n}
+
+    def free(self) -> None:
+        import gc
+
+        gc.collect()
+        self.torch.cuda.synchronize()
+        self.torch.cuda.empty_cache()
+
+    def randn(self, shape, dtype=None):
+        """N(0, 1) bf16 on the device, filled in chunks (no 2^31-element kernel)."""
+        torch = self.torch
+        t = torch.empty(shape, dtype=dtype or torch.bfloat16, device=self.dev)
+        flat = t.view(-1)
+        for chunk in flat.split(1 << 28):
+            chunk.normal_()
+        return t
+
+    # ---- ceilings -------------------------------------------------------------------------------
+
+    def ceilings(self) -> dict:
+        torch = self.torch
+        reps = 10 if self.quick else 50
+        res: dict = {"assumed": False}
+
+        nbytes = 4 * GIB
+        src = self.randn((nbytes // ELEM_BYTES,))
+        dst = torch.empty_like(src)
+        ms = self.time_events(lambda: dst.copy_(src), warmup=3, reps=reps)
+        res["copy_tbps"] = 2 * nbytes / (statistics.median(ms) * 1e-3) / 1e12
+        res["copy"] = {"buffer_bytes": nbytes, "bytes_counted": 2 * nbytes, "median_ms": statistics.median(ms),
+                       "best_tbps": 2 * nbytes / (min(ms) * 1e-3) / 1e12, "op": "dst.copy_(src), bf16"}
+        del src, dst
+        self.free()
+
+        nbytes = 8 * GIB
+        x = self.randn((nbytes // ELEM_BYTES,))
+        ms = self.time_events(lambda: x.sum(), warmup=3, reps=reps)
+        res["read_tbps"] = nbytes / (statistics.median(ms) * 1e-3) / 1e12
+        res["read"] = {"buffer_bytes": nbytes, "median_ms": statistics.median(ms),
+                       "best_tbps": nbytes / (min(ms) * 1e-3) / 1e12, "op": "x.sum(), bf16"}
+        del x
+        self.free()
+
+        n = 8192
+        a, b = self.randn((n, n)), self.randn((n, n))
+        c = torch.empty((n, n), dtype=torch.bfloat16, device=self.dev)
+        ms = self.time_events(lambda: torch.mm(a, b, out=c), warmup=10, reps=30 if self.quick else 100)
+        flops = 2 * n**3
+        res["matmul_tflops"] = flops / (statistics.median(ms) * 1e-3) / 1e12
+        res["matmul"] = {"m=n=k": n, "median_ms": statistics.median(ms),
+                         "best_tflops": flops / (min(ms) * 1e-3) / 1e12, "op": "torch.mm bf16, N(0,1) data"}
+        del a, b, c
+        self.free()
+        return res
+
+    # ---- data -----------------------------------------------------------------------------------
+
+    def shape_data(self, shape: Shape, n_sets: int) -> dict:
+        """KV pool of n_sets slabs, per-set q/out, the shared page table and FlashInfer's CSR."""
+        torch = self.torch
+        torch.manual_seed(DATA_SEED)
+        P = shape.pages_per_set
+        pool = self.randn((n_sets * P, PAGE_SIZE, D_QK))  # [pages, 64, 576] bf16
+        gen = torch.Generator().manual_seed(DATA_SEED)
+        perm = torch.randperm(P, generator=gen).to(torch.int32)  # a slab's pages, scattered
+        pages = [-(-kv // PAGE_SIZE) for kv in shape.kv_lens]
+        block_tables = torch.zeros((shape.batch, max(pages)), dtype=torch.int32)  # [B, max_pages]
+        kv_indptr = [0]
+        for b, n in enumerate(pages):
+            block_tables[b, :n] = perm[kv_indptr[-1]: kv_indptr[-1] + n]
+            kv_indptr.append(kv_indptr[-1] + n)
+        qo_indptr = [0]
+        for n in shape.q_lens:
+            qo_indptr.append(qo_indptr[-1] + n)
+        H = shape.num_heads
+        q_shape = (shape.total_q, H, D_QK) if shape.ragged else (shape.batch, shape.max_q_len, H, D_QK)
+        queries = [self.randn(q_shape) for _ in range(n_sets)]
+        return {
+            "pool": pool,
+            "slabs": [pool[i * P:(i + 1) * P] for i in range(n_sets)],  # each [P, 64, 576]
+            "queries": queries,
+            "outs": [torch.empty(q_shape[:-1] + (D_V,), dtype=torch.bfloat16, device=self.dev) for _ in range(n_sets)],
+            "block_tables": block_tables.to(self.dev),
+            "seq_lens": torch.tensor(shape.kv_lens, dtype=torch.int32, device=self.dev),
+            "cum_seq_lens_q": torch.tensor(qo_indptr, dtype=torch.int32, device=self.dev) if shape.ragged else None,
+            # FlashInfer's CSR metadata, on the host (its plan reads lengths on the CPU)
+            "qo_indptr": torch.tensor(qo_indptr, dtype=torch.int32),
+            "kv_indptr": torch.tensor(kv_indptr, dtype=torch.int32),
+            "kv_indices": perm.clone(),  # requests' pages in order: the table rows concatenated
+            "kv_len_arr": torch.tensor(shape.kv_lens, dtype=torch.int32),
+        }
+
+    # ---- ours -----------------------------------------------------------------------------------
+
+    def our_calls(self, shape: Shape, data: dict) -> list[Callable[[], object]]:
+        import jit_mla
+
+        torch = self.torch
+        ws_bytes = jit_mla.get_workspace_size(shape.batch, shape.num_heads, total_q=shape.total_q, device=self.dev)
+        ws = torch.empty(ws_bytes, dtype=torch.uint8, device=self.dev)
+        ragged = {"cum_seq_lens_q": data["cum_seq_lens_q"], "max_q_len": shape.max_q_len} if shape.ragged else {}
+
+        def make(i: int) -> Callable[[], object]:
+            q, kv, out = data["queries"][i], data["slabs"][i], data["outs"][i]
+
+            def call():
+                return jit_mla.trtllm_batch_decode_with_kv_cache_mla(
+                    q, kv, ws, QK_NOPE_HEAD_DIM, KV_LORA_RANK, QK_ROPE_HEAD_DIM,
+                    data["block_tables"], data["seq_lens"], shape.max_kv_len,
+                    out=out, bmm1_scale=SM_SCALE, **ragged)
+
+            return call
+
+        return [make(i) for i in range(len(data["slabs"]))]
+
+    # ---- FlashInfer -----------------------------------------------------------------------------
+
+    def flashinfer_calls(self, fi_mla, shape: Shape, data: dict, fi_ws) -> tuple[list[Callable[[], object]], list]:
+        """One fa3 wrapper planned once (all slabs share the page-table structure); a call per slab."""
+        torch = self.torch
+        wrapper = fi_mla.BatchMLAPagedAttentionWrapper(fi_ws, backend="fa3")
+        common = dict(num_heads=shape.num_heads, head_dim_ckv=KV_LORA_RANK, head_dim_kpe=QK_ROPE_HEAD_DIM,
+                      page_size=PAGE_SIZE, causal=shape.causal, sm_scale=SM_SCALE,
+                      q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
+        csr = (data["qo_indptr"], data["kv_indptr"], data["kv_indices"], data["kv_len_arr"])
+        structural = hasattr(fi_mla, "MLAPlanMetadata")  # 0.7: metadata object + query=/kv_cache=
+        if structural:
+            wrapper.plan(metadata=fi_mla.MLAPlanMetadata.csr(*csr), query_layout="split",
+                         kv_cache_layout="split", **common)
+        else:  # older releases (flashinfer/mla.py): flat CSR keywords
+            wrapper.plan(qo_indptr=csr[0], kv_indptr=csr[1], kv_indices=csr[2], kv_len_arr=csr[3], **common)
+        outs = []
+
+        def make(i: int) -> Callable[[], object]:
+            q = data["queries"][i].view(shape.total_q, shape.num_heads, D_QK)
+            kv = data["slabs"][i]
+            q_nope, q_pe = q[..., :KV_LORA_RANK], q[..., KV_LORA_RANK:]  # strided views, no copy
+            ckv, kpe = kv[..., :KV_LORA_RANK], kv[..., KV_LORA_RANK:]
+            out = torch.empty((shape.total_q, shape.num_heads, D_V), dtype=torch.bfloat16, device=self.dev)
+            outs.append(out)
+            if structural:
+                return lambda: wrapper.run(query=(q_nope, q_pe), kv_cache=(ckv, kpe), out=out)
+            return lambda: wrapper.run(q_nope=q_nope, q_pe=q_pe, ckv_cache=ckv, kpe_cache=kpe, out=out)
+
+        return [make(i) for i in range(len(data["slabs"]))], outs
+
+    # ---- host overhead --------------------------------------------------------------------------
+
+    def host_overhead(self, fi_mla, fi_ws) -> dict:
+        """Per-call host time of one eager call on a one-page shape (B 1, kv 64, H 16, q_len 1)."""
+        import jit_mla
+        import jit_mla.api as api_mod
+
+        torch = self.torch
+        shape = uniform_shape(1, PAGE_SIZE, 16, 1)
+        data = self.shape_data(shape, 1)
+        call = self.our_calls(shape, data)[0]
+        n_loop = 500 if self.quick else 2000
+        bursts = 5 if self.quick else 20
+        res: dict = {"shape": shape.describe(), "calls": n_loop}
+
+        def host_median(fn: Callable[[], object]) -> float:
+            # Bursts of 100 calls, then a sync: the launch queue never fills, so a call's host time
+            # is the wrapper + FFI + launch cost, never a wait for the GPU.
+            samples = []
+            for _ in range(bursts):
+                for _ in range(100):
+                    t = time.perf_counter_ns()
+                    fn()
+                    samples.append(time.perf_counter_ns() - t)
+                torch.cuda.synchronize()
+            return statistics.median(samples) / 1e3
+
+        for _ in range(50):
+            call()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter_ns()
+        for _ in range(n_loop):
+            call()
+        torch.cuda.synchronize()
+        res["api_loop_us"] = (time.perf_counter_ns() - t0) / 1e3 / n_loop  # max(host, GPU) per call
+        res["api_median_us"] = host_median(call)
+
+        # The launcher call alone: record the arguments the wrapper hands it, then call it directly.
+        recorded: dict = {}
+
+        class _Recorder:
+            def __getattr__(self, name):
+                def record(*args, **kwargs):
+                    recorded.update(name=name, args=args, kwargs=kwargs)
+
+                return record
+
+        real_get = api_mod.get_launcher
+        try:
+            launcher = real_get()
+            api_mod.get_launcher = lambda: _Recorder()
+            call()
+        finally:
+            api_mod.get_launcher = real_get
+        if recorded:
+            fn = getattr(launcher, recorded["name"])
+            args, kwargs = recorded["args"], recorded["kwargs"]
+            res["launcher_median_us"] = host_median(lambda: fn(*args, **kwargs))
+        else:
+            res["launcher_median_us"] = None
+
+        res["gpu_graph_us"] = self.time_graph([call] * 100)["us"]
+
+        if fi_mla is not None:
+            try:
+                fi_calls, _ = self.flashinfer_calls(fi_mla, shape, data, fi_ws)
+                for _ in range(50):
+                    fi_calls[0]()
+                torch.cuda.synchronize()
+                res["flashinfer_run_median_us"] = host_median(fi_calls[0])
+            except Exception as e:  # noqa: BLE001 - reported, not fatal
+                res["flashinfer_run_error"] = f"{type(e).__name__}: {e}"
+        del data
+        self.free()
+        return res
+
+    # ---- one shape ------------------------------------------------------------------------------
+
+    def run_shape(self, row: dict, shape: Shape, fi_mla, fi_ws, fi_reason: Optional[str]) -> None:
+        torch = self.torch
+        data = self.shape_data(shape, shape.n_sets)
+        try:
+            ours_calls = self.our_calls(shape, data)
+            try:
+                t = self.time_graph(ours_calls)
+                row["ours"] = {**perf_fields(row, t["us"]), **t}
+                if not bool(torch.isfinite(data["outs"][0]).all()):
+                    row["ours"]["error"] = "non-finite values in the output"
+            except Exception as e:  # noqa: BLE001 - one shape's failure must not end the run
+                row["ours"] = {"error": f"{type(e).__name__}: {e}"}
+            self.free()
+
+            if fi_mla is None:
+                row["flashinfer"] = {"na": fi_reason or "not run"}
+                return
+            try:
+                fi_calls, fi_outs = self.flashinfer_calls(fi_mla, shape, data, fi_ws)
+            except Exception as e:  # noqa: BLE001 - its planner refusing a shape is a result
+                row["flashinfer"] = {"na": f"plan failed: {type(e).__name__}: {str(e)[:300]}"}
+                return
+            try:
+                t = self.time_graph(fi_calls)
+                row["flashinfer"] = {**perf_fields(row, t["us"]), **t}
+            except Exception as e:  # noqa: BLE001
+                row["flashinfer"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+                return
+            if "us" in row.get("ours", {}):
+                row["ratio_fi_over_ours"] = row["flashinfer"]["us"] / row["ours"]["us"]
+                ours0 = data["outs"][0].view(shape.total_q, shape.num_heads, D_V)
+                diff = peak = 0.0
+                for a, b in zip(ours0.split(512), fi_outs[0].split(512)):  # 512 tokens at a time
+                    diff = max(diff, float((a.float() - b.float()).abs().max()))
+                    peak = max(peak, float(a.float().abs().max()))
+                row["check"] = {"max_abs_diff": diff, "max_abs_out": peak, "suspect": diff > 0.02 + 0.02 * peak}
+        finally:
+            del data
+            self.free()
+
+
+def save(result: dict, json_path: Path) -> None:
+    tmp = json_path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(result, indent=1))
+    tmp.replace(json_path)
+
+
+def run_gpu(args, shapes: list[Shape], all_shapes: list[Shape]) -> int:
+    import torch
+
+    if not torch.cuda.is_available():
+        print("no CUDA device: use --dry-run on a CPU-only machine", file=sys.stderr)
+        return 2
+    bench = Bench(args.quick)
+    props = torch.cuda.get_device_properties(bench.dev)
+    uuid = str(getattr(props, "uuid", "") or "") or None
+    sha, dirty = (args.commit, None) if args.commit else git_commit()
+    now = datetime.datetime.now(datetime.timezone.utc)
+    result: dict = {
+        "benchmark": "jit_mla benchmarks/bench_mla.py",
+        "date": now.isoformat(timespec="seconds"),
+        "git_commit": sha,
+        "git_dirty": dirty,
+        "gpu": {"name": torch.cuda.get_device_name(bench.dev), "sm_count": props.multi_processor_count,
+                "capability": f"{props.major}.{props.minor}", "memory_bytes": props.total_memory,
+                "nvidia_smi_start": nvidia_smi(uuid)},
+        "software": {"python": platform.python_version(), "torch": torch.__version__,
+                     "cuda": torch.version.cuda},
+        "options": {"quick": args.quick, "shapes": [s.name for s in shapes],
+                    "min_bytes_per_replay": MIN_BYTES_PER_REPLAY, "page_size": PAGE_SIZE,
+                    "bmm1_scale": SM_SCALE},
+        "rows": [],
+    }
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = f"bench_mla-{now.strftime('%Y%m%d-%H%M%S')}-{sha[:8]}"
+    json_path = out_dir / f"{stem}.json"
+    print(f"# {result['gpu']['name']}, {props.multi_processor_count} SMs; commit {sha[:12]}; "
+          f"nvidia-smi: {result['gpu']['nvidia_smi_start']}")
+
+    try:
+        import jit_mla
+
+        result["software"]["jit_mla"] = jit_mla.__version__
+    except Exception as e:  # noqa: BLE001
+        print(f"cannot import jit_mla: {e}", file=sys.stderr)
+        return 1
+
+    fi_mla, fi_ws, fi_reason = None, None, None
+    if args.no_flashinfer:
+        fi_reason = "--no-flashinfer"
+    else:
+        try:
+            import flashinfer
+            import flashinfer.mla as fi_mla
+
+            result["software"]["flashinfer"] = getattr(flashinfer, "__version__", "?")
+            fi_ws = torch.empty(FLASHINFER_WORKSPACE_BYTES, dtype=torch.uint8, device=bench.dev)
+        except Exception as e:  # noqa: BLE001 - FlashInfer is optional
+            fi_mla, fi_reason = None, f"flashinfer not importable: {type(e).__name__}: {e}"
+            result["software"]["flashinfer"] = None
+            print(f"# {fi_reason}")
+
+    if args.assume_ceilings:
+        result["ceilings"] = {**NOMINAL_CEILINGS, "assumed": True}
+    else:
+        t0 = time.perf_counter()
+        result["ceilings"] = bench.ceilings()
+        print(f"# ceilings ({time.perf_counter() - t0:.1f} s): copy {result['ceilings']['copy_tbps']:.2f} TB/s, "
+              f"read {result['ceilings']['read_tbps']:.2f} TB/s, matmul {result['ceilings']['matmul_tflops']:.0f} TFLOP/s")
+    result["gpu"]["nvidia_smi_after_ceilings"] = nvidia_smi(uuid)
+    save(result, json_path)
+
+    t0 = time.perf_counter()
+    try:
+        result["host_overhead"] = bench.host_overhead(fi_mla, fi_ws)
+    except Exception as e:  # noqa: BLE001
+        result["host_overhead"] = {"error": f"{type(e).__name__}: {e}"}
+    print(f"# host overhead ({time.perf_counter() - t0:.1f} s): {result['host_overhead']}")
+    if fi_mla is not None and result["host_overhead"].get("flashinfer_run_error"):
+        # Its module did not build or run on a one-page shape: do not retry the build per shape.
+        fi_mla, fi_reason = None, "FlashInfer failed on the one-page shape: " + result["host_overhead"]["flashinfer_run_error"]
+        print(f"# {fi_reason}")
+    save(result, json_path)
+
+    for s in shapes:
+        row = shape_row(all_shapes.index(s), s)
+        add_roofline(row, result["ceilings"])
+        t0 = time.perf_counter()
+        try:
+            bench.run_shape(row, s, fi_mla, fi_ws, fi_reason)
+        except Exception as e:  # noqa: BLE001 - e.g. out of memory building the data
+            row["error"] = f"{type(e).__name__}: {e}"
+            row.setdefault("ours", {"error": row["error"]})
+            bench.free()
+        result["rows"].append(row)
+        save(result, json_path)
+        ours, fi = row.get("ours", {}), row.get("flashinfer", {})
+        print(f"# [{row['index']}] {s.name} ({s.describe()}, {s.n_sets} sets, {time.perf_counter() - t0:.1f} s): "
+              f"ours {_fmt(ours.get('us'), '.1f')} µs {_fmt(ours.get('pct_roofline'), '.1f')}% | "
+              f"FI {_fmt(fi.get('us'), '.1f')} µs {_fmt(fi.get('pct_roofline'), '.1f')}%"
+              + (f" | ours error: {ours['error']}" if ours.get("error") else "")
+              + (f" | FI: {fi.get('na') or fi.get('error')}" if (fi.get("na") or fi.get("error")) else ""))
+
+    result["gpu"]["nvidia_smi_end"] = nvidia_smi(uuid)
+    save(result, json_path)
+    finish(result, json_path, json_path.with_suffix(".png"))
+    return 0
+
+
+def finish(result: dict, json_path: Path, png_path: Path) -> None:
+    png = write_plot(result, png_path)
+    print()
+    for line in summary_lines(result):
+        print(line)
+    print(f"results: {json_path}" + (f", plot: {png}" if png else " (no plot: matplotlib is not installed; "
+                                                                     f"--replot {json_path} where it is)"))
+    print()
+    print(markdown_table(result))
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="Shapes: " + ", ".join(f"{i}={s.name}" for i, s in enumerate(shape_table())))
+    p.add_argument("--out-dir", default=str(REPO_ROOT / "benchmarks" / "results"),
+                   help="where the JSON and PNG go (default: benchmarks/results)")
+    p.add_argument("--shapes", default=None,
+                   help="subset: comma-separated indices, names or glob patterns (e.g. 0,3,'spec_*')")
+    p.add_argument("--quick", action="store_true", help="fewer replays and ceiling repetitions")
+    p.add_argument("--dry-run", action="store_true", help="print the shape table with bytes and FLOPs; no GPU")
+    p.add_argument("--no-flashinfer", action="store_true", help="time ours only")
+    p.add_argument("--assume-ceilings", action="store_true",
+                   help=f"skip measuring the ceilings; use nominal H200 figures {NOMINAL_CEILINGS}")
+    p.add_argument("--commit", default=None,
+                   help="git commit to record (default: git rev-parse HEAD, or 'unknown' without .git)")
+    p.add_argument("--replot", metavar="JSON", default=None,
+                   help="redraw the PNG (into --out-dir) and print the table from an earlier result; no GPU")
+    return p.parse_args(argv)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    if hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(line_buffering=True)
+    args = parse_args(argv)
+    if args.replot:
+        path = Path(args.replot)
+        out_dir = Path(args.out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        finish(json.loads(path.read_text()), path, out_dir / (path.stem + ".png"))
+        return 0
+    all_shapes = shape_table()
+    try:
+        shapes = select_shapes(all_shapes, args.shapes)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        print_dry_run(shapes, all_shapes, NOMINAL_CEILINGS)
+        return 0
+    return run_gpu(args, shapes, all_shapes)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

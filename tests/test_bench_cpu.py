@@ -1,0 +1,132 @@
+"""benchmarks/bench_mla.py without a GPU: its dry run, and its byte/FLOP formulas checked by hand."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "bench_mla.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_mla", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench_mla"] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def _by_name(bench, name):
+    (shape,) = [s for s in bench.shape_table() if s.name == name]
+    return shape
+
+
+def test_bytes_and_flops_by_hand_tp1_decode(bench):
+    # B 128, kv 4096, H 128, q_len 1
+    s = _by_name(bench, "b128_kv4096_h128_q1")
+    assert s.kv_bytes == 128 * 4096 * 576 * 2 == 603_979_776
+    assert s.q_bytes == 128 * 128 * 576 * 2 == 18_874_368
+    assert s.out_bytes == 128 * 128 * 512 * 2 == 16_777_216
+    assert s.bytes == 639_631_360
+    assert s.flops == 128 * 1 * 128 * 4096 * 2 * 1088 == 146_028_888_064
+    assert s.flops_visible == s.flops  # q_len 1 sees the whole sequence
+    assert not s.causal and not s.ragged
+    # roofline at 4 TB/s and 800 TFLOP/s: compute-bound, 146.03e9 / 800e12 s
+    row = bench.shape_row(0, s)
+    bench.add_roofline(row, {"copy_tbps": 4.0, "matmul_tflops": 800.0})
+    assert row["bound"] == "compute"
+    assert row["roofline_us"] == pytest.approx(182.536110080, rel=1e-9)
+    perf = bench.perf_fields(row, 200.0)
+    assert perf["pct_roofline"] == pytest.approx(100 * 182.536110080 / 200.0)
+    assert perf["tbps"] == pytest.approx(639_631_360 / 200e-6 / 1e12)
+    assert perf["tflops"] == pytest.approx(146_028_888_064 / 200e-6 / 1e12)
+
+
+def test_bytes_and_flops_by_hand_tp8_mtp4(bench):
+    # B 64, kv 8192, H 16, q_len 4: total_q 256
+    s = _by_name(bench, "b64_kv8192_h16_q4")
+    assert s.total_q == 256 and s.causal
+    assert s.kv_bytes == 64 * 8192 * 576 * 2 == 603_979_776
+    assert s.q_bytes == 256 * 16 * 576 * 2 == 4_718_592
+    assert s.out_bytes == 256 * 16 * 512 * 2 == 4_194_304
+    assert s.bytes == 612_892_672
+    assert s.flops == 64 * 4 * 16 * 8192 * 2 * 1088 == 73_014_444_032
+    row = bench.shape_row(6, s)
+    bench.add_roofline(row, {"copy_tbps": 4.0, "matmul_tflops": 800.0})
+    assert row["bound"] == "memory"
+    assert row["roofline_us"] == pytest.approx(612_892_672 / 4e12 * 1e6)
+
+
+def test_visible_flops_follow_the_bottom_right_causal_mask(bench):
+    # q_len 2 on kv 5: token 0 sees keys 0..3 (4), token 1 sees 0..4 (5): 9 keys per head
+    s = bench.Shape("t", 16, (2,), (5,))
+    assert s.flops_visible == 9 * 16 * 2176
+    assert s.flops == 2 * 5 * 16 * 2176
+
+
+def test_table_and_calls_per_replay(bench):
+    shapes = bench.shape_table()
+    assert len(shapes) == 13 and len({s.name for s in shapes}) == 13
+    spec = _by_name(bench, "spec_b64_q1to4_kv4096_h128")
+    assert spec.ragged and spec.batch == 64 and set(spec.q_lens) <= {1, 2, 3, 4} and len(set(spec.q_lens)) > 1
+    assert spec.q_lens == bench.shape_table()[11].q_lens  # seeded: the same every run
+    prefill = _by_name(bench, "prefill_4x2048_kv8192_h128")
+    assert prefill.total_q == 8192 and prefill.n_sets == 1
+    for s in shapes:
+        if s.name != prefill.name:  # each graph replay streams >= 512 MiB of KV, past L2
+            assert s.n_sets * s.kv_bytes_per_set >= 512 * 2**20, s.name
+    # one 8192-token request (9.44 MB of KV): ceil(512 MiB / 9,437,184 B) = 57 calls per replay
+    assert _by_name(bench, "b1_kv8192_h16_q1").n_sets == 57
+    assert _by_name(bench, "b128_kv8192_h128_q1").n_sets == 1
+
+
+def test_shape_selection(bench):
+    shapes = bench.shape_table()
+    picked = bench.select_shapes(shapes, "0,spec_*,b1_kv65536_h128_q1")
+    assert [s.name for s in picked] == ["b128_kv4096_h128_q1", "b1_kv65536_h128_q1", "spec_b64_q1to4_kv4096_h128"]
+    assert bench.select_shapes(shapes, None) == shapes
+    with pytest.raises(ValueError, match="matches no shape"):
+        bench.select_shapes(shapes, "nope")
+    with pytest.raises(ValueError, match="out of range"):
+        bench.select_shapes(shapes, "13")
+
+
+def test_dry_run_prints_the_table_without_a_gpu():
+    run = subprocess.run([sys.executable, str(SCRIPT), "--dry-run"], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    out = run.stdout
+    for name in ("b128_kv4096_h128_q1", "spec_b64_q1to4_kv4096_h128", "prefill_4x2048_kv8192_h128"):
+        assert name in out
+    assert "| 639631360 | 146028888064 |" in out  # shape 0: bytes, FLOPs
+    assert "| 612892672 | 73014444032 |" in out  # shape 6
+    bad = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--shapes", "nope"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "matches no shape" in bad.stderr
+
+
+def test_report_from_json_without_a_gpu(bench, tmp_path, capsys):
+    s = _by_name(bench, "b64_kv8192_h16_q1")
+    ceilings = {"copy_tbps": 4.0, "read_tbps": 4.2, "matmul_tflops": 700.0, "assumed": False}
+    row = bench.shape_row(4, s)
+    bench.add_roofline(row, ceilings)
+    row["ours"] = bench.perf_fields(row, 200.0)
+    row["flashinfer"] = {"na": "plan failed: test"}
+    result = {"gpu": {"name": "test"}, "git_commit": "0" * 40, "ceilings": ceilings, "rows": [row]}
+    table = bench.markdown_table(result)
+    assert table.splitlines()[-1].startswith("| 4 | b64_kv8192_h16_q1 | mem | 200.0 |")
+    assert table.splitlines()[-1].endswith("| n/a | n/a | n/a |")
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(result))
+    assert bench.main(["--replot", str(path), "--out-dir", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    assert printed.rstrip().endswith(table.splitlines()[-1])  # the table comes last
+    assert "flashinfer n/a: plan failed: test" in printed
+    if importlib.util.find_spec("matplotlib") is not None:
+        assert (tmp_path / "r.png").stat().st_size > 0
