@@ -83,9 +83,17 @@ void check_shape(const TensorView& t, const std::vector<int64_t>& want, const ch
       << name << " must have shape " << shape_str(want) << ", got " << desc(t);
 }
 
+std::string strides_str(const TensorView& t) {
+  std::ostringstream os;
+  os << "(";
+  for (int i = 0; i < t.ndim(); ++i) os << (i ? ", " : "") << t.stride(i);
+  os << ")";
+  return os.str();
+}
+
 void check_contiguous(const TensorView& t, const char* name) {
   MLA_CHECK(t.IsContiguous(), ValueError)
-      << name << " must be contiguous, got " << desc(t) << " with non-contiguous strides";
+      << name << " must be contiguous, got " << desc(t) << " with strides " << strides_str(t);
 }
 
 char* data_of(const TensorView& t) { return static_cast<char*>(t.data_ptr()) + t.byte_offset(); }
@@ -106,7 +114,7 @@ void check_device(const TensorView& t, DLDevice want, const char* name) {
 struct Scale {
   float value = 1.f;
   const float* ptr = nullptr;
-  const Tensor* tensor = nullptr;
+  Tensor tensor;  // held by value: Variant::get() returns a copy, a reference to it would dangle
 };
 
 Scale parse_scale(const Variant<double, Tensor>& v, const char* name) {
@@ -115,21 +123,21 @@ Scale parse_scale(const Variant<double, Tensor>& v, const char* name) {
     s.value = static_cast<float>(*d);
     return s;
   }
-  const Tensor& t = v.get<Tensor>();
+  Tensor t = v.get<Tensor>();
   MLA_CHECK(t.defined(), TypeError)
       << name << " must be a float or a one-element float32 CUDA tensor, got None";
   MLA_CHECK(same_dtype(t.dtype(), kF32), TypeError)
       << name << " tensor must be float32, got " << t.dtype();
   MLA_CHECK(t.numel() == 1, ValueError)
       << name << " tensor must have exactly one element, got " << t.numel();
-  s.tensor = &t;
   s.ptr = reinterpret_cast<const float*>(static_cast<char*>(t.data_ptr()) + t.byte_offset());
+  s.tensor = std::move(t);
   return s;
 }
 
 void check_scale_device(const Scale& s, DLDevice want, const char* name) {
-  if (s.tensor == nullptr) return;
-  const DLDevice d = s.tensor->device();
+  if (!s.tensor.defined()) return;
+  const DLDevice d = s.tensor.device();
   MLA_CHECK(d.device_type == kDLCUDA && d.device_id == want.device_id, ValueError)
       << name << " tensor must be on cuda:" << want.device_id
       << " (the kernel reads it on the device), got "
@@ -397,7 +405,9 @@ void trtllm_paged_attention_decode(
          "of 8 elements (row stride >= 576), got row stride "
       << row_stride << ", page stride " << page_stride;
   MLA_CHECK(reinterpret_cast<uintptr_t>(data_of(key_cache)) % 16 == 0, ValueError)
-      << "kv_cache's data pointer must be 16-byte aligned";
+      << "kv_cache's data pointer must be 16-byte aligned, got address 0x" << std::hex
+      << reinterpret_cast<uintptr_t>(data_of(key_cache)) << std::dec << " (offset "
+      << reinterpret_cast<uintptr_t>(data_of(key_cache)) % 16 << " bytes)";
 
   // workspace: bytes of scratch; the plan and the split partials live there.
   const int64_t ws_bytes = workspace_buffer.numel() * ((workspace_buffer.dtype().bits + 7) / 8);

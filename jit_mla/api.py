@@ -198,6 +198,9 @@ def trtllm_batch_decode_with_kv_cache_mla(
             raise ValueError(f"sinks as a list must hold one float32 [H] tensor, got {len(sinks)} items")
         sinks = sinks[0]
 
+    for name, t in (("query", query), ("kv_cache", kv_cache), ("block_tables", block_tables), ("seq_lens", seq_lens)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     batch_size = block_tables.shape[0] if block_tables.dim() >= 1 else 0
     if cum_seq_lens_q is not None:
         if query.dim() != 3:
@@ -249,7 +252,9 @@ def trtllm_batch_decode_with_kv_cache_mla(
 
 def _validate_cum_seq_lens_q(cum: torch.Tensor, batch_size: int, total_q: int) -> int:
     """Host validation of the prefix sums (one device-to-host copy); returns the longest request."""
-    if cum.dtype != torch.int32 or cum.dim() != 1 or cum.shape[0] != batch_size + 1:
+    if cum.dtype != torch.int32:
+        raise TypeError(f"cum_seq_lens_q must be int32, got {str(cum.dtype).replace('torch.', '')} {list(cum.shape)}")
+    if cum.dim() != 1 or cum.shape[0] != batch_size + 1:
         raise ValueError(
             f"cum_seq_lens_q must be int32 of shape [B+1] = [{batch_size + 1}], "
             f"got {str(cum.dtype).replace('torch.', '')} {list(cum.shape)}"
