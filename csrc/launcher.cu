@@ -4,6 +4,7 @@
 //   3. pick the kernels (loaded from a verified cubin by load_cubin),
 //   4. launch and check every launch.
 // Dtype and shape checks come before device checks so that a CPU-only machine can exercise them.
+#include <cuda.h>
 #include <cuda_runtime.h>
 #include <tvm/ffi/container/tensor.h>
 #include <tvm/ffi/container/variant.h>
@@ -198,7 +199,9 @@ int64_t workspace_size(int64_t batch, int64_t total_q, int64_t num_heads, int64_
 struct Kernels {
   std::string arch;
   cudaLibrary_t library = nullptr;
-  cudaKernel_t plan = nullptr, attention = nullptr, combine = nullptr;
+  // attention: TMA + seesaw (page sizes 8..64 dividing 64, or multiples of 64);
+  // attention_any_page: cp.async loads, any page size (1 included).
+  cudaKernel_t plan = nullptr, attention = nullptr, attention_any_page = nullptr, combine = nullptr;
   std::vector<bool> smem_ready;  // per device: dynamic smem limit raised
 };
 std::mutex g_mutex;
@@ -225,6 +228,8 @@ void load_cubin(String arch, Bytes data) {
   MLA_CUDA_CHECK(cudaLibraryGetKernel(&k.plan, lib, "mla_sm90_plan"), "cudaLibraryGetKernel(mla_sm90_plan)");
   MLA_CUDA_CHECK(cudaLibraryGetKernel(&k.attention, lib, "mla_sm90_attention"),
                  "cudaLibraryGetKernel(mla_sm90_attention)");
+  MLA_CUDA_CHECK(cudaLibraryGetKernel(&k.attention_any_page, lib, "mla_sm90_attention_any_page"),
+                 "cudaLibraryGetKernel(mla_sm90_attention_any_page)");
   MLA_CUDA_CHECK(cudaLibraryGetKernel(&k.combine, lib, "mla_combine"), "cudaLibraryGetKernel(mla_combine)");
   if (g_kernels.library != nullptr) cudaLibraryUnload(g_kernels.library);
   g_kernels = k;
@@ -253,8 +258,12 @@ const Kernels& kernels_for_device(int device) {
         << " is sm_" << major << minor;
     MLA_CUDA_CHECK(cudaKernelSetAttributeForDevice(g_kernels.attention,
                                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                   sm90::kAttentionSmemBytes, device),
+                                                   sm90::kSeesawSmemBytes, device),
                    "raising the attention kernel's shared-memory limit");
+    MLA_CUDA_CHECK(cudaKernelSetAttributeForDevice(g_kernels.attention_any_page,
+                                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                   sm90::kAttentionSmemBytes, device),
+                   "raising the any-page attention kernel's shared-memory limit");
     g_kernels.smem_ready[device] = true;
   }
   return g_kernels;
@@ -275,6 +284,69 @@ void launch(cudaKernel_t kernel, int grid, int block, int smem, cudaStream_t str
   void* args[] = {params};
   MLA_CUDA_CHECK(cudaLaunchKernelExC(&cfg, reinterpret_cast<const void*>(kernel), args),
                  std::string("launching ") + name);
+}
+
+// ---- TMA descriptor of the KV cache -------------------------------------------------------------
+// The TMA kernel loads 64-token blocks as boxes of (64 columns, min(page, 64) rows) of one page.
+// A box must start on a 1024-byte (8-row) boundary of the 128B swizzle and a block must not
+// straddle pages unevenly: page sizes 8, 16, 32, 64 or multiples of 64.
+bool tma_page_size(int64_t page_size) {
+  return page_size % 64 == 0 || (page_size >= 8 && 64 % page_size == 0);
+}
+
+using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
+                                   const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
+                                   const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
+                                   CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+// The driver's encoder, through the runtime (no link against libcuda).
+EncodeTiledFn encode_tiled() {
+  static EncodeTiledFn fn = [] {
+    void* ptr = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    MLA_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000,
+                                                    cudaEnableDefault, &found),
+                   "cudaGetDriverEntryPointByVersion(cuTensorMapEncodeTiled)");
+    MLA_CHECK(found == cudaDriverEntryPointSuccess && ptr != nullptr, RuntimeError)
+        << "the CUDA driver has no cuTensorMapEncodeTiled (needs CUDA 12.0+)";
+    return reinterpret_cast<EncodeTiledFn>(ptr);
+  }();
+  return fn;
+}
+
+// Encoding costs about a microsecond of host time; a layer's cache is the same tensor every
+// step, so remember the last few (one per layer of a 61-layer model, plus room).
+struct TmapEntry {
+  const void* ptr;
+  int64_t pages, page_size, row_stride, page_stride;
+  CUtensorMap map;
+};
+std::mutex g_tmap_mutex;
+std::vector<TmapEntry> g_tmaps;
+constexpr size_t kMaxTmaps = 128;
+
+CUtensorMap kv_tensor_map(const void* ptr, int64_t pages, int64_t page_size, int64_t row_stride,
+                          int64_t page_stride) {
+  std::lock_guard<std::mutex> lock(g_tmap_mutex);
+  for (const TmapEntry& e : g_tmaps)
+    if (e.ptr == ptr && e.pages == pages && e.page_size == page_size && e.row_stride == row_stride &&
+        e.page_stride == page_stride)
+      return e.map;
+  TmapEntry e{ptr, pages, page_size, row_stride, page_stride, {}};
+  const cuuint64_t dims[3] = {kHeadDimQK, static_cast<cuuint64_t>(page_size), static_cast<cuuint64_t>(pages)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(row_stride) * 2, static_cast<cuuint64_t>(page_stride) * 2};
+  const cuuint32_t box[3] = {kBoxCols, static_cast<cuuint32_t>(std::min<int64_t>(page_size, kBlockN)), 1};
+  const cuuint32_t elem_strides[3] = {1, 1, 1};
+  const CUresult r = encode_tiled()(&e.map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void*>(ptr), dims,
+                                    strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                    CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                    CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  MLA_CHECK(r == CUDA_SUCCESS, RuntimeError)
+      << "cuTensorMapEncodeTiled for kv_cache failed (CUresult " << int(r) << "): pages " << pages
+      << ", page_size " << page_size << ", row stride " << row_stride << ", page stride " << page_stride;
+  if (g_tmaps.size() >= kMaxTmaps) g_tmaps.erase(g_tmaps.begin());
+  g_tmaps.push_back(e);
+  return e.map;
 }
 
 // ---- the entry point: FlashInfer's trtllm-gen launcher arguments, plus lse ---------------------
@@ -483,11 +555,19 @@ void trtllm_paged_attention_decode(
   const CtaPlan ctas = cta_plan(num_heads, sm_count);
   p.m_group = ctas.m_group;
   p.num_ctas = ctas.num_ctas;
+  const bool use_tma = tma_page_size(page_size);
+  p.num_pages = static_cast<int>(key_cache.size(0));
+  p.kv_box_rows = static_cast<int>(std::min<int64_t>(page_size, kBlockN));
+  if (use_tma) p.kv_tmap = kv_tensor_map(p.kv, key_cache.size(0), page_size, row_stride, page_stride);
 
   // ---- 4. launch: plan -> attention -> combine (the last two with PDL when enabled) ------------
   launch(k.plan, 1, kPlanThreads, 0, stream, false, &p, "mla_sm90_plan");
-  launch(k.attention, p.num_ctas, kNumThreads, sm90::kAttentionSmemBytes, stream, enable_pdl, &p,
-         "mla_sm90_attention");
+  if (use_tma)
+    launch(k.attention, p.num_ctas, kNumThreads, sm90::kSeesawSmemBytes, stream, enable_pdl, &p,
+           "mla_sm90_attention");
+  else
+    launch(k.attention_any_page, p.num_ctas, kNumThreads, sm90::kAttentionSmemBytes, stream,
+           enable_pdl, &p, "mla_sm90_attention_any_page");
   launch(k.combine, p.num_ctas, kCombineThreads, 0, stream, enable_pdl, &p, "mla_combine");
 }
 

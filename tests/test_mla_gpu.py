@@ -103,10 +103,15 @@ MATRIX = [
     (257, (0, 2), 128, 32, "short", True, {"pool_padding": 8}),
     (1, (5, 5), 64, 32, "long", True, {}),
     (64, (1, 4), 128, 64, "mixed", True, {"sinks": True}),
-    # other page sizes
+    # other page sizes: 8..128 take the TMA kernel, 1 and 24 the cp.async (any page size) one
     (16, 1, 16, 16, "mixed", False, {}),
     (16, 2, 128, 128, "mixed", False, {}),
     (16, (0, 4), 64, 16, "mixed", True, {}),
+    (8, 1, 128, 8, "mixed", False, {}),
+    (8, 2, 16, 1, "short", False, {}),
+    (8, (0, 4), 128, 1, "short", True, {"sinks": True}),
+    (8, 1, 64, 24, "mixed", False, {}),
+    (4, 3, 128, 256, "mixed", False, {"pool_padding": 8}),
 ]
 
 

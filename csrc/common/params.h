@@ -1,6 +1,8 @@
 // MlaParams: the one struct the launcher fills and every kernel (plan, attention, combine) reads.
 // Passed by value as a __grid_constant__ kernel parameter. Host and device share this header.
 #pragma once
+#include <cuda.h>
+
 #include <cstdint>
 
 namespace jit_mla {
@@ -15,6 +17,12 @@ struct WorkPos {
 };
 
 struct MlaParams {
+  // TMA descriptor of the KV cache: dims (576, page_size, num_pages), box (64, kv_box_rows, 1),
+  // 128-byte swizzle. First member: a CUtensorMap must be 64-byte aligned.
+  CUtensorMap kv_tmap;
+  int num_pages;
+  int kv_box_rows;            // min(page_size, 64): rows of one TMA box
+
   // ---- inputs -------------------------------------------------------------------------------
   const void* q;              // q: [total_q, H, 576] bf16, contiguous
   const void* kv;             // kv pages: row (page p, slot s) at kv + p*kv_page_stride + s*kv_row_stride

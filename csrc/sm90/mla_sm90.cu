@@ -4,6 +4,7 @@
 #include "../common/params.h"
 #include "../common/plan.cuh"
 #include "attention.cuh"
+#include "attention_seesaw.cuh"
 
 using jit_mla::MlaParams;
 
@@ -16,6 +17,11 @@ extern "C" __global__ void __launch_bounds__(jit_mla::kPlanThreads, 1)
 
 extern "C" __global__ void __launch_bounds__(jit_mla::kNumThreads, 1)
     mla_sm90_attention(const __grid_constant__ MlaParams p) {
+  jit_mla::sm90::attention_seesaw(p);
+}
+
+extern "C" __global__ void __launch_bounds__(jit_mla::kNumThreads, 1)
+    mla_sm90_attention_any_page(const __grid_constant__ MlaParams p) {
   jit_mla::sm90::attention(p);
 }
 

@@ -14,6 +14,21 @@ struct SharedStorage {
   float row_max[kNumWarpgroups][kBlockM];  // per-warpgroup row max of the current block
   float row_sum[kNumWarpgroups][kBlockM];  // per-warpgroup row sums at the end of a unit
 };
+// The seesaw kernel: Q, two whole KV blocks, WG1's P; WG0's P goes into box 8 (the K rope part) of
+// its block's stage once its QK^T is done with it.
+struct SeesawSmem {
+  uint8_t q[kTileBytes];              // sQ: (64 rows, 576) bf16
+  uint8_t kv[2][kTileBytes];          // sK: stage s holds the unit's blocks kb0 + s, kb0 + s + 2, ...
+  uint8_t p1[kBoxBytes];              // sP1: (64, 64) bf16, WG1's P
+  float m[kBlockM];                   // running row max (log2 domain), shared by both warpgroups
+  float scale0[kBlockM];              // WG0 -> WG1: 2^(m_prev - m0)
+  float scale1[kBlockM];              // WG1 -> WG0: 2^(m0 - m1)
+  float row_sum[kNumWarpgroups][kBlockM];
+  uint64_t bar[2][2];                 // TMA mbarriers: [stage][half]
+};
+constexpr int kSeesawSmemBytes = (int)sizeof(SeesawSmem) + 1024;
+static_assert(kSeesawSmemBytes <= 227 * 1024, "shared memory over the sm_90 per-block limit");
+
 // +1 KiB: the dynamic smem base is re-aligned to 1024 B, which the 128B swizzle pattern needs.
 constexpr int kAttentionSmemBytes = (int)sizeof(SharedStorage) + 1024;
 static_assert(kAttentionSmemBytes <= 227 * 1024, "shared memory over the sm_90 per-block limit");

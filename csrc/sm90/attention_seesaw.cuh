@@ -1,0 +1,454 @@
+// Split-KV MLA attention for sm_90a, "seesaw" schedule: two math warpgroups, TMA, wgmma.
+//
+// Work: as the plan assigns (units = 64 rows of (query token x head) of one request, each over a
+// run of 64-token KV blocks; see plan.cuh). Per pair of KV blocks (b, b+1):
+//   WG0 owns block b:   S0 = Q K_b^T (64x64, m64n64k16 x 36), softmax, O_L += P0 V_b,L (registers)
+//   WG1 owns block b+1: S1 = Q K_b+1^T, softmax (after WG0's max), O_R += P1 V_b+1,R (registers)
+//   then the exchange:  O_L += P1 V_b+1,L (P1 via smem), O_R += P0 V_b,R (P0 via smem)
+// WG w holds output columns [256w, 256w+256) (64x256 fp32 = 128 registers/thread). One warpgroup's
+// softmax runs while the other's wgmmas keep the tensor cores busy. The running max is shared in
+// smem; WG0 republishes its P rescaled to WG1's new max (P0' = P0 * scale1), so both halves end each
+// pair relative to the same max m1.
+//
+// KV tiles arrive by TMA in two halves (boxes 0-3 = V_L; boxes 4-8 = V_R + rope), each with its
+// own mbarrier, and a half is refilled with block b+2 / b+3 as soon as its last reader is done.
+#pragma once
+#include <cuda_bf16.h>
+
+#include "../common/device_utils.cuh"
+#include "../common/finalize.cuh"
+#include "../common/params.h"
+#include "../common/units.cuh"
+#include "../config.h"
+#include "smem_size.h"
+#include "tma.cuh"
+#include "wgmma.cuh"
+
+namespace jit_mla::sm90 {
+
+// Named barriers (id 0 is __syncthreads). The first three span both warpgroups.
+constexpr int kBarScale0 = 1;  // WG0 -> WG1: m0 and scale0 published
+constexpr int kBarScale1 = 2;  // WG1 -> WG0: m1, scale1 and P1 published
+constexpr int kBarP0 = 3;      // WG0 -> WG1: P0' (rescaled to m1) in box 8 of block b's stage
+constexpr int kBarWg = 4;      // +wg, 128 threads: one warpgroup's smem stores before its wgmma
+
+// A running max that is finite: fully masked rows stay at it and give 2^(-inf - m) = 0 with
+// scale 2^(m - m) = 1, never NaN.
+constexpr float kMaxInit = -1e30f;
+
+// Byte offset of 16-byte chunk `chunk` (0..7) of row r inside a 128B-swizzled box.
+__device__ __forceinline__ uint32_t sw_offset(int r, int chunk) { return r * 128 + ((chunk ^ (r & 7)) << 4); }
+
+// Q rows [row_base, row_base + rows) -> sQ with cp.async by all 256 threads; rows past `rows`
+// are zero-filled. 8 threads per row (one 16 B chunk of each box), 32 rows per pass.
+__device__ __forceinline__ void load_q(uint32_t sQ, const MlaParams& p, long long row_base, int rows) {
+  const int chunk = threadIdx.x & 7;
+#pragma unroll
+  for (int pass = 0; pass < kBlockM / 32; ++pass) {
+    const int r = (threadIdx.x >> 3) + 32 * pass;
+    const bool valid = r < rows;
+    const __nv_bfloat16* src = static_cast<const __nv_bfloat16*>(p.q) +
+                               (valid ? (row_base + r) * kHeadDimQK : 0) + chunk * 8;
+#pragma unroll
+    for (int box = 0; box < kNumBoxesQK; ++box)
+      cp_async_16(sQ + box * kBoxBytes + sw_offset(r, chunk), src + box * kBoxCols, valid);
+  }
+}
+
+// One half of KV block `block` of a request -> a stage, by TMA (called by one thread).
+// Half 0: boxes 0-3 (V columns 0-255); half 1: boxes 4-8 (V columns 256-511 and the rope part).
+// Page chunks past the request (tok >= kv_len) use page index num_pages: out of bounds, so the
+// TMA writes zeros. Rows past kv_len inside the last page are zeroed later (zero_v_tail).
+__device__ __forceinline__ void issue_kv_half(const MlaParams& p, uint32_t stage, uint32_t bar,
+                                              const int* bt_row, int block, int half, int kv_len) {
+  const int box0 = half == 0 ? 0 : 4, nbox = half == 0 ? 4 : 5;
+  mbar_arrive_expect_tx(bar, nbox * kBoxBytes);
+  for (int r0 = 0; r0 < kBlockN; r0 += p.kv_box_rows) {
+    const int tok = block * kBlockN + r0;
+    int page = p.num_pages, row = 0;
+    if (tok < kv_len) {
+      page = __ldg(bt_row + tok / p.page_size);
+      row = tok % p.page_size;
+    }
+    for (int bx = box0; bx < box0 + nbox; ++bx)
+      tma_load_3d(stage + bx * kBoxBytes + r0 * 128, &p.kv_tmap, bar, bx * kBoxCols, row, page);
+  }
+}
+
+// Zero V rows [first_row, 64) of this warpgroup's four V boxes (4wg .. 4wg+3) of a stage: a page's
+// rows past kv_len hold anything (NaN included), and P = 0 there does not cancel 0 * NaN.
+__device__ __forceinline__ void zero_v_tail(uint8_t* stage, int first_row, int wg) {
+  const int tw = threadIdx.x & 127;
+  const int n = (kBlockN - first_row) * 4 * 8;  // 16-byte chunks
+  for (int i = tw; i < n; i += 128) {
+    const int r = first_row + i / 32, bx = 4 * wg + (i / 8) % 4, c = i % 8;
+    *reinterpret_cast<uint4*>(stage + bx * kBoxBytes + r * 128 + c * 16) = make_uint4(0, 0, 0, 0);
+  }
+  fence_proxy_async_smem();
+  named_barrier_sync(kBarWg + wg, 128);
+}
+
+// S = Q K^T for one 64-token block: (64 x 64) fp32, waiting for each KV half as it is needed.
+__device__ __forceinline__ void qk_block(float (&s)[32], uint32_t sQ, uint32_t stage, uint32_t bar0,
+                                         uint32_t bar1, uint32_t parity) {
+  mbar_wait(bar0, parity);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < 16; ++kk) {
+    const uint32_t koff = (kk / 4) * kBoxBytes + (kk % 4) * 32;
+    wgmma_m64n64k16_ss(s, make_smem_desc(sQ + koff, 16, 1024), make_smem_desc(stage + koff, 16, 1024), kk > 0);
+  }
+  mbar_wait(bar1, parity);
+#pragma unroll
+  for (int kk = 16; kk < kHeadDimQK / 16; ++kk) {
+    const uint32_t koff = (kk / 4) * kBoxBytes + (kk % 4) * 32;
+    wgmma_m64n64k16_ss(s, make_smem_desc(sQ + koff, 16, 1024), make_smem_desc(stage + koff, 16, 1024), 1);
+  }
+  wgmma_commit();
+  wgmma_wait<0>();
+  fence_regs(s);
+}
+
+// Accumulator layout (m64nN, per warpgroup): thread (warp wq, lane) holds rows r_a = 16 wq + lane/4
+// and r_b = r_a + 8; element 4t+e is column 8t + 2(lane%4) + (e&1), row r_a for e < 2, r_b else.
+struct Rows {
+  int r_a, r_b, q4;
+};
+
+__device__ __forceinline__ float quad_max2(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_sum2(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+// Scale S to the log2 domain and mask columns at or past each row's KV limit; row maxima out.
+__device__ __forceinline__ void mask_scale(float (&s)[32], int tok0, int lim_a, int lim_b,
+                                           float scale_log2, float& mx_a, float& mx_b) {
+  mx_a = -INFINITY;
+  mx_b = -INFINITY;
+#pragma unroll
+  for (int t = 0; t < 8; ++t) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int tok = tok0 + 8 * t + (e & 1);
+      float& x = s[4 * t + e];
+      if (e < 2) {
+        x = tok < lim_a ? x * scale_log2 : -INFINITY;
+        mx_a = fmaxf(mx_a, x);
+      } else {
+        x = tok < lim_b ? x * scale_log2 : -INFINITY;
+        mx_b = fmaxf(mx_b, x);
+      }
+    }
+  }
+  mx_a = quad_max2(mx_a);
+  mx_b = quad_max2(mx_b);
+}
+
+// P = 2^(t - m) in place; returns this thread's row sums.
+__device__ __forceinline__ void exp_rows(float (&s)[32], float m_a, float m_b, float& sum_a, float& sum_b) {
+  sum_a = 0.f;
+  sum_b = 0.f;
+#pragma unroll
+  for (int t = 0; t < 8; ++t) {
+    s[4 * t + 0] = exp2_approx(s[4 * t + 0] - m_a);
+    s[4 * t + 1] = exp2_approx(s[4 * t + 1] - m_a);
+    s[4 * t + 2] = exp2_approx(s[4 * t + 2] - m_b);
+    s[4 * t + 3] = exp2_approx(s[4 * t + 3] - m_b);
+    sum_a += s[4 * t + 0] + s[4 * t + 1];
+    sum_b += s[4 * t + 2] + s[4 * t + 3];
+  }
+}
+
+// P (fp32 accumulator layout, times per-row factors) -> bf16 into a 128B-swizzled (64, 64) box.
+__device__ __forceinline__ void store_p(uint8_t* box, const float (&s)[32], const Rows& rw, float f_a, float f_b) {
+#pragma unroll
+  for (int t = 0; t < 8; ++t) {
+    *reinterpret_cast<uint32_t*>(box + sw_offset(rw.r_a, t) + 4 * rw.q4) = pack_bf16x2(s[4 * t] * f_a, s[4 * t + 1] * f_a);
+    *reinterpret_cast<uint32_t*>(box + sw_offset(rw.r_b, t) + 4 * rw.q4) =
+        pack_bf16x2(s[4 * t + 2] * f_b, s[4 * t + 3] * f_b);
+  }
+}
+
+__device__ __forceinline__ void scale_o(float (&o)[128], float f_a, float f_b) {
+#pragma unroll
+  for (int t = 0; t < 32; ++t) {
+    o[4 * t + 0] *= f_a; o[4 * t + 1] *= f_a;
+    o[4 * t + 2] *= f_b; o[4 * t + 3] *= f_b;
+  }
+}
+
+// O_half += P V_half with P from registers: the m64n64 accumulator fragment of 16 columns is
+// exactly the A fragment of one k16 step. v_boxes: shared address of this half's first V box.
+__device__ __forceinline__ void pv_rs(float (&o)[128], const float (&s)[32], uint32_t v_boxes) {
+  uint32_t a[4][4];
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    a[kk][0] = pack_bf16x2(s[8 * kk + 0], s[8 * kk + 1]);
+    a[kk][1] = pack_bf16x2(s[8 * kk + 2], s[8 * kk + 3]);
+    a[kk][2] = pack_bf16x2(s[8 * kk + 4], s[8 * kk + 5]);
+    a[kk][3] = pack_bf16x2(s[8 * kk + 6], s[8 * kk + 7]);
+  }
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+    wgmma_m64n256k16_rs_tnspb(o, a[kk], make_smem_desc(v_boxes + kk * 16 * 128, kBoxBytes, 1024), 1);
+  wgmma_commit();
+}
+
+// O_half += P V_half with P from a swizzled (64, 64) smem box.
+__device__ __forceinline__ void pv_ss(float (&o)[128], uint32_t p_box, uint32_t v_boxes) {
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+    wgmma_m64n256k16_ss_tnspb(o, make_smem_desc(p_box + kk * 32, 16, 1024),
+                              make_smem_desc(v_boxes + kk * 16 * 128, kBoxBytes, 1024), 1);
+  wgmma_commit();
+}
+
+__device__ void attention_seesaw(const MlaParams& p) {
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t raw_addr = smem_u32(smem_raw);
+  SeesawSmem& ss = *reinterpret_cast<SeesawSmem*>(smem_raw + ((1024 - (raw_addr & 1023)) & 1023));
+  const uint32_t sQ = smem_u32(ss.q), sP1 = smem_u32(ss.p1);
+  const uint32_t sKV[2] = {smem_u32(ss.kv[0]), smem_u32(ss.kv[1])};
+  uint32_t bar[2][2];
+#pragma unroll
+  for (int st = 0; st < 2; ++st)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) bar[st][h] = smem_u32(&ss.bar[st][h]);
+
+  const int tid = threadIdx.x, tw = tid % 128, lane = tid & 31;
+  // Broadcast from lane 0 so the compiler sees a warp-uniform value: wgmma under a branch on it
+  // is then not serialized (C7520).
+  const int wg = __shfl_sync(0xffffffffu, tid / 128, 0);
+  const Rows rw{16 * (tw / 32) + lane / 4, 16 * (tw / 32) + lane / 4 + 8, lane & 3};
+
+  if (tid == 0) {
+    for (int st = 0; st < 2; ++st)
+      for (int h = 0; h < 2; ++h) mbar_init(bar[st][h], 1);
+    fence_mbar_init();
+  }
+  __syncthreads();
+
+  // The plan is written by the kernel launched just before this one.
+  pdl_wait_primary();
+  pdl_launch_dependents();
+  // CTA set `set` (m_group CTAs side by side) owns [bounds[set], bounds[set+1]); this CTA runs
+  // unit `lane_m` of each group there, over the same KV blocks as its partners (L2 serves them).
+  const int set = blockIdx.x / p.m_group, lane_m = blockIdx.x % p.m_group;
+  const WorkPos beg = p.bounds[set], end = p.bounds[set + 1];
+  if (beg.group == end.group && beg.block == end.block) return;
+
+  const float scale_log2 = load_scale(p.bmm1_scale_ptr, p.bmm1_scale) * kLog2e;
+  const float bmm2 = load_scale(p.bmm2_scale_ptr, p.bmm2_scale);
+  uint32_t loads[2] = {0, 0};  // blocks loaded into each stage so far: the mbarrier phase count
+
+  for (int grp = beg.group; grp < end.group || (grp == end.group && end.block > 0); ++grp) {
+    const int b = find_request(p, grp);
+    const int j = grp - p.group_prefix[b];
+    const int m = j * p.m_group + lane_m;
+    if (m >= request_num_units(p, b)) continue;  // the request's last group is short
+    const Unit unit = make_unit(p, b, m);
+    const int group_blocks = group_num_blocks(p, b, j);
+    const int gkb0 = grp == beg.group ? beg.block : 0;
+    const int gkb1 = grp == end.group ? end.block : group_blocks;
+    // Split is decided per group, so all its units agree with the combine; a unit that sees fewer
+    // blocks than its group clips the range (possibly to nothing: it then writes an empty partial).
+    const bool split = gkb0 > 0 || gkb1 < group_blocks;
+    const int kb0 = min(gkb0, unit.num_blocks), kb1 = min(gkb1, unit.num_blocks);
+    const int* bt_row = p.block_tables + (long long)unit.b * p.block_table_stride;
+    const int kv_len = unit.kv_len;
+
+    // KV tokens each of this thread's two rows may see; rows past the unit see the extent so
+    // that they stay finite (they are never written).
+    const int lim_a = rw.r_a < unit.rows
+        ? row_kv_limit(kv_len, unit.q_len, (unit.row0 + rw.r_a) / p.num_heads) : unit.kv_extent;
+    const int lim_b = rw.r_b < unit.rows
+        ? row_kv_limit(kv_len, unit.q_len, (unit.row0 + rw.r_b) / p.num_heads) : unit.kv_extent;
+
+    // ---- prologue: first two blocks by TMA, Q by cp.async, running max reset ----------------
+    if (tid == 0 && kb0 < kb1) {
+      issue_kv_half(p, sKV[0], bar[0][0], bt_row, kb0, 0, kv_len);
+      issue_kv_half(p, sKV[0], bar[0][1], bt_row, kb0, 1, kv_len);
+      if (kb0 + 1 < kb1) {
+        issue_kv_half(p, sKV[1], bar[1][0], bt_row, kb0 + 1, 0, kv_len);
+        issue_kv_half(p, sKV[1], bar[1][1], bt_row, kb0 + 1, 1, kv_len);
+      }
+    }
+    if (kb0 < kb1) load_q(sQ, p, unit.q_row_base, unit.rows);
+    cp_async_commit();
+    if (tid < kBlockM) ss.m[tid] = kMaxInit;
+    cp_async_wait_all();
+    fence_proxy_async_smem();
+    __syncthreads();
+
+    float o[128];
+#pragma unroll
+    for (int i = 0; i < 128; ++i) o[i] = 0.f;
+    float l_a = 0.f, l_b = 0.f;  // this thread's row sums of its own blocks' P
+    float s[32];
+    if (kb0 < kb1) {
+      if (wg == 0) qk_block(s, sQ, sKV[0], bar[0][0], bar[0][1], loads[0] & 1);
+      else if (kb0 + 1 < kb1) qk_block(s, sQ, sKV[1], bar[1][0], bar[1][1], loads[1] & 1);
+    }
+
+    for (int kb = kb0; kb < kb1; kb += 2) {
+      const bool has1 = kb + 1 < kb1, has2 = kb + 2 < kb1, has3 = kb + 3 < kb1;
+      const uint32_t par0 = loads[0] & 1, par1 = loads[1] & 1;
+      if (wg == 0) {
+        // ---- block kb: softmax against the running max m, O_L += P0 V_L -------------------
+        float mx_a, mx_b;
+        mask_scale(s, kb * kBlockN + 2 * rw.q4, lim_a, lim_b, scale_log2, mx_a, mx_b);
+        const float mp_a = ss.m[rw.r_a], mp_b = ss.m[rw.r_b];
+        const float m0_a = fmaxf(mp_a, mx_a), m0_b = fmaxf(mp_b, mx_b);
+        const float sc0_a = exp2_approx(mp_a - m0_a), sc0_b = exp2_approx(mp_b - m0_b);
+        float sum_a, sum_b;
+        exp_rows(s, m0_a, m0_b, sum_a, sum_b);
+        l_a = l_a * sc0_a + sum_a;
+        l_b = l_b * sc0_b + sum_b;
+        scale_o(o, sc0_a, sc0_b);
+        __syncwarp();  // every lane of the quad has read m before lane 0 overwrites it
+        if (rw.q4 == 0) {
+          ss.m[rw.r_a] = m0_a; ss.m[rw.r_b] = m0_b;
+          ss.scale0[rw.r_a] = sc0_a; ss.scale0[rw.r_b] = sc0_b;
+        }
+        named_barrier_arrive(kBarScale0, kNumThreads);
+        if ((kb + 1) * kBlockN > kv_len) zero_v_tail(ss.kv[0], kv_len - kb * kBlockN, 0);
+        pv_rs(o, s, sKV[0]);
+
+        // ---- WG1's max is in: rescale to it, hand P0' to WG1, O_L += P1 V_L(b+1) ---------
+        named_barrier_sync(kBarScale1, kNumThreads);
+        wgmma_wait<0>();
+        fence_regs(o);
+        if (has2 && tw == 0) issue_kv_half(p, sKV[0], bar[0][0], bt_row, kb + 2, 0, kv_len);
+        const float sc1_a = ss.scale1[rw.r_a], sc1_b = ss.scale1[rw.r_b];
+        store_p(ss.kv[0] + 8 * kBoxBytes, s, rw, sc1_a, sc1_b);
+        fence_proxy_async_smem();
+        named_barrier_arrive(kBarP0, kNumThreads);
+        scale_o(o, sc1_a, sc1_b);
+        l_a *= sc1_a;
+        l_b *= sc1_b;
+        if (has1) {
+          mbar_wait(bar[1][0], par1);
+          if ((kb + 2) * kBlockN > kv_len) zero_v_tail(ss.kv[1], kv_len - (kb + 1) * kBlockN, 0);
+          pv_ss(o, sP1, sKV[1]);
+          wgmma_wait<0>();
+          fence_regs(o);
+          if (has3 && tw == 0) issue_kv_half(p, sKV[1], bar[1][0], bt_row, kb + 3, 0, kv_len);
+        }
+        if (has2) qk_block(s, sQ, sKV[0], bar[0][0], bar[0][1], par0 ^ 1);
+      } else {
+        // ---- block kb+1: softmax after WG0's max, O_R += P1 V_R ---------------------------
+        named_barrier_sync(kBarScale0, kNumThreads);
+        const float m0_a = ss.m[rw.r_a], m0_b = ss.m[rw.r_b];
+        const float sc0_a = ss.scale0[rw.r_a], sc0_b = ss.scale0[rw.r_b];
+        float m1_a = m0_a, m1_b = m0_b, sc1_a = 1.f, sc1_b = 1.f;
+        if (has1) {
+          float mx_a, mx_b;
+          mask_scale(s, (kb + 1) * kBlockN + 2 * rw.q4, lim_a, lim_b, scale_log2, mx_a, mx_b);
+          m1_a = fmaxf(m0_a, mx_a);
+          m1_b = fmaxf(m0_b, mx_b);
+          sc1_a = exp2_approx(m0_a - m1_a);
+          sc1_b = exp2_approx(m0_b - m1_b);
+          float sum_a, sum_b;
+          exp_rows(s, m1_a, m1_b, sum_a, sum_b);
+          l_a = l_a * sc0_a * sc1_a + sum_a;
+          l_b = l_b * sc0_b * sc1_b + sum_b;
+          store_p(ss.p1, s, rw, 1.f, 1.f);
+          fence_proxy_async_smem();
+        } else {
+          l_a *= sc0_a;
+          l_b *= sc0_b;
+        }
+        scale_o(o, sc0_a * sc1_a, sc0_b * sc1_b);
+        __syncwarp();
+        if (rw.q4 == 0) {
+          ss.m[rw.r_a] = m1_a; ss.m[rw.r_b] = m1_b;
+          ss.scale1[rw.r_a] = sc1_a; ss.scale1[rw.r_b] = sc1_b;
+        }
+        named_barrier_arrive(kBarScale1, kNumThreads);
+        if (has1) {
+          if ((kb + 2) * kBlockN > kv_len) zero_v_tail(ss.kv[1], kv_len - (kb + 1) * kBlockN, 1);
+          pv_rs(o, s, sKV[1] + 4 * kBoxBytes);
+        }
+
+        // ---- O_R += P0' V_R(b) -------------------------------------------------------------
+        named_barrier_sync(kBarP0, kNumThreads);
+        mbar_wait(bar[0][1], par0);
+        if ((kb + 1) * kBlockN > kv_len) zero_v_tail(ss.kv[0], kv_len - kb * kBlockN, 1);
+        pv_ss(o, sKV[0] + 8 * kBoxBytes, sKV[0] + 4 * kBoxBytes);
+        wgmma_wait<0>();
+        fence_regs(o);
+        if (tw == 0) {
+          if (has3) issue_kv_half(p, sKV[1], bar[1][1], bt_row, kb + 3, 1, kv_len);
+          if (has2) issue_kv_half(p, sKV[0], bar[0][1], bt_row, kb + 2, 1, kv_len);
+        }
+        if (has3) qk_block(s, sQ, sKV[1], bar[1][0], bar[1][1], par1 ^ 1);
+      }
+      loads[0] += 1;
+      loads[1] += has1 ? 1 : 0;
+    }
+
+    // ---- epilogue: full row sums, normalize, write the output or this split's partial ------
+    l_a = quad_sum2(l_a);
+    l_b = quad_sum2(l_b);
+    if (rw.q4 == 0) {
+      ss.row_sum[wg][rw.r_a] = l_a;
+      ss.row_sum[wg][rw.r_b] = l_b;
+    }
+    __syncthreads();
+    const float mf_a = ss.m[rw.r_a], mf_b = ss.m[rw.r_b];
+    const float tot_a = ss.row_sum[0][rw.r_a] + ss.row_sum[1][rw.r_a];
+    const float tot_b = ss.row_sum[0][rw.r_b] + ss.row_sum[1][rw.r_b];
+    const float lse_a = tot_a > 0.f ? mf_a + log2f(tot_a) : -INFINITY;
+    const float lse_b = tot_b > 0.f ? mf_b + log2f(tot_b) : -INFINITY;
+    const float inv_a = tot_a > 0.f ? 1.f / tot_a : 0.f;
+    const float inv_b = tot_b > 0.f ? 1.f / tot_b : 0.f;
+    const int col0 = wg * kOCols + 2 * rw.q4;
+    const bool ok_a = rw.r_a < unit.rows, ok_b = rw.r_b < unit.rows;
+
+    if (split) {
+      const int slot = partial_slot(p, set, grp, lane_m);
+      float* po = p.partial_o + (long long)slot * kBlockM * kHeadDimV;
+#pragma unroll
+      for (int t = 0; t < kOCols / 8; ++t) {
+        if (ok_a)
+          *reinterpret_cast<float2*>(po + rw.r_a * kHeadDimV + col0 + 8 * t) =
+              make_float2(o[4 * t + 0] * inv_a, o[4 * t + 1] * inv_a);
+        if (ok_b)
+          *reinterpret_cast<float2*>(po + rw.r_b * kHeadDimV + col0 + 8 * t) =
+              make_float2(o[4 * t + 2] * inv_b, o[4 * t + 3] * inv_b);
+      }
+      if (wg == 0 && rw.q4 == 0) {
+        if (ok_a) p.partial_lse[slot * kBlockM + rw.r_a] = lse_a;
+        if (ok_b) p.partial_lse[slot * kBlockM + rw.r_b] = lse_b;
+      }
+    } else {
+      const RowFinal fa = finalize_row(lse_a, p.sinks, (unit.row0 + rw.r_a) % p.num_heads, bmm2);
+      const RowFinal fb = finalize_row(lse_b, p.sinks, (unit.row0 + rw.r_b) % p.num_heads, bmm2);
+      const float sa = inv_a * fa.scale, sb = inv_b * fb.scale;
+      __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out);
+#pragma unroll
+      for (int t = 0; t < kOCols / 8; ++t) {
+        if (ok_a)
+          *reinterpret_cast<uint32_t*>(out + (unit.q_row_base + rw.r_a) * kHeadDimV + col0 + 8 * t) =
+              pack_bf16x2(o[4 * t + 0] * sa, o[4 * t + 1] * sa);
+        if (ok_b)
+          *reinterpret_cast<uint32_t*>(out + (unit.q_row_base + rw.r_b) * kHeadDimV + col0 + 8 * t) =
+              pack_bf16x2(o[4 * t + 2] * sb, o[4 * t + 3] * sb);
+      }
+      if (p.lse != nullptr && wg == 0 && rw.q4 == 0) {
+        if (ok_a) p.lse[unit.q_row_base + rw.r_a] = fa.lse;
+        if (ok_b) p.lse[unit.q_row_base + rw.r_b] = fb.lse;
+      }
+    }
+    // The next unit reuses sQ, the stages, m and row_sum: everyone must be past this one's reads.
+    __syncthreads();
+  }
+}
+
+}  // namespace jit_mla::sm90
