@@ -25,7 +25,7 @@ extern "C" __global__ void __launch_bounds__(jit_mla::kNumThreads, 1)
   jit_mla::sm90::attention(p);
 }
 
-extern "C" __global__ void __launch_bounds__(jit_mla::kCombineThreads)
+extern "C" __global__ void __launch_bounds__(jit_mla::kCombineThreads, 1)
     mla_combine(const __grid_constant__ MlaParams p) {
   jit_mla::combine_splits(p);
 }
