@@ -322,13 +322,15 @@ __device__ void attention_seesaw(const MlaParams& p) {
 
         // ---- WG1's max is in: rescale to it, hand P0' to WG1, O_L += P1 V_L(b+1) ---------
         named_barrier_sync(kBarScale1, kNumThreads);
-        wgmma_wait<0>();
-        fence_regs(o);
-        if (has2 && tw == 0) issue_kv_half(p, sKV[0], bar[0][0], bt_row, kb + 2, 0, kv_len);
+        // P0' comes from the fp32 copy in s, which the in-flight PV does not read (its A operand
+        // is the packed bf16 copy): hand it to WG1 before waiting for that PV.
         const float sc1_a = ss.scale1[rw.r_a], sc1_b = ss.scale1[rw.r_b];
         store_p(ss.kv[0] + 8 * kBoxBytes, s, rw, sc1_a, sc1_b);
         fence_proxy_async_smem();
         named_barrier_arrive(kBarP0, kNumThreads);
+        wgmma_wait<0>();
+        fence_regs(o);
+        if (has2 && tw == 0) issue_kv_half(p, sKV[0], bar[0][0], bt_row, kb + 2, 0, kv_len);
         scale_o(o, sc1_a, sc1_b);
         l_a *= sc1_a;
         l_b *= sc1_b;
@@ -371,22 +373,23 @@ __device__ void attention_seesaw(const MlaParams& p) {
           ss.scale1[rw.r_a] = sc1_a; ss.scale1[rw.r_b] = sc1_b;
         }
         named_barrier_arrive(kBarScale1, kNumThreads);
-        if (has1) {
-          if ((kb + 2) * kBlockN > kv_len) zero_v_tail(ss.kv[1], kv_len - (kb + 1) * kBlockN, 1);
-          pv_rs(o, s, sKV[1] + 4 * kBoxBytes);
-        }
 
-        // ---- O_R += P0' V_R(b) -------------------------------------------------------------
+        // ---- O_R += P0' V_R(b) first: it frees block b's half for block b+2 sooner ----------
         named_barrier_sync(kBarP0, kNumThreads);
         mbar_wait(bar[0][1], par0);
         if ((kb + 1) * kBlockN > kv_len) zero_v_tail(ss.kv[0], kv_len - kb * kBlockN, 1);
         pv_ss(o, sKV[0] + 8 * kBoxBytes, sKV[0] + 4 * kBoxBytes);
+        if (has1) {
+          if ((kb + 2) * kBlockN > kv_len) zero_v_tail(ss.kv[1], kv_len - (kb + 1) * kBlockN, 1);
+          pv_rs(o, s, sKV[1] + 4 * kBoxBytes);
+          wgmma_wait<1>();
+        } else {
+          wgmma_wait<0>();
+        }
+        if (has2 && tw == 0) issue_kv_half(p, sKV[0], bar[0][1], bt_row, kb + 2, 1, kv_len);
         wgmma_wait<0>();
         fence_regs(o);
-        if (tw == 0) {
-          if (has3) issue_kv_half(p, sKV[1], bar[1][1], bt_row, kb + 3, 1, kv_len);
-          if (has2) issue_kv_half(p, sKV[0], bar[0][1], bt_row, kb + 2, 1, kv_len);
-        }
+        if (has3 && tw == 0) issue_kv_half(p, sKV[1], bar[1][1], bt_row, kb + 3, 1, kv_len);
         if (has3) qk_block(s, sQ, sKV[1], bar[1][0], bar[1][1], par1 ^ 1);
       }
       loads[0] += 1;
