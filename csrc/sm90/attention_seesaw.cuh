@@ -55,21 +55,27 @@ __device__ __forceinline__ void load_q(uint32_t sQ, const MlaParams& p, long lon
   }
 }
 
-// One half of KV block `block` of a request -> a stage, by TMA (called by one thread).
-// Half 0: boxes 0-3 (V columns 0-255); half 1: boxes 4-8 (V columns 256-511 and the rope part).
-// Page chunks past the request (tok >= kv_len) use page index num_pages: out of bounds, so the
-// TMA writes zeros. Rows past kv_len inside the last page are zeroed later (zero_v_tail).
-__device__ __forceinline__ void issue_kv_half(const MlaParams& p, uint32_t stage, uint32_t bar,
-                                              const int* bt_row, int block, int half, int kv_len) {
-  const int box0 = half == 0 ? 0 : 4, nbox = half == 0 ? 4 : 5;
-  mbar_arrive_expect_tx(bar, nbox * kBoxBytes);
-  for (int r0 = 0; r0 < kBlockN; r0 += p.kv_box_rows) {
-    const int tok = block * kBlockN + r0;
-    int page = p.num_pages, row = 0;
-    if (tok < kv_len) {
-      page = __ldg(bt_row + tok / p.page_size);
-      row = tok % p.page_size;
-    }
+// Page id of TMA chunk `chunk` (box_rows tokens) of KV block `block`, or num_pages for chunks past
+// the request: out of bounds, so the TMA writes zeros. Rows past kv_len inside the last page are
+// zeroed later (zero_v_tail).
+__device__ __forceinline__ int chunk_page(const MlaParams& p, const int* bt_row, int block, int chunk,
+                                          int kv_len) {
+  const int tok = block * kBlockN + chunk * p.kv_box_rows;
+  return tok < kv_len ? __ldg(bt_row + tok / p.page_size) : p.num_pages;
+}
+
+// Warp-collective: one half of KV block `block` -> a stage, by TMA. Half 0: boxes 0-3 (V columns
+// 0-255); half 1: boxes 4-8 (V columns 256-511 and the rope part). Lane lane0 + c issues chunk c
+// with the page id it holds in `page` (loaded long before, so no lane waits on the block table
+// here: the next wgmma of the warpgroup would wait for it).
+__device__ __forceinline__ void issue_kv_half(const MlaParams& p, uint32_t stage, uint32_t bar, int block,
+                                              int half, int page, int lane0) {
+  const int lane = threadIdx.x & 31, box0 = half == 0 ? 0 : 4, nbox = half == 0 ? 4 : 5;
+  const int c = lane - lane0;
+  if (lane == 0) mbar_arrive_expect_tx(bar, nbox * kBoxBytes);
+  if (c >= 0 && c < kBlockN / p.kv_box_rows) {
+    const int r0 = c * p.kv_box_rows;
+    const int row = (block * kBlockN + r0) % p.page_size;
     for (int bx = box0; bx < box0 + nbox; ++bx)
       tma_load_3d(stage + bx * kBoxBytes + r0 * 128, &p.kv_tmap, bar, bx * kBoxCols, row, page);
   }
@@ -271,12 +277,14 @@ __device__ void attention_seesaw(const MlaParams& p) {
         ? row_kv_limit(kv_len, unit.q_len, (unit.row0 + rw.r_b) / p.num_heads) : unit.kv_extent;
 
     // ---- prologue: first two blocks by TMA, Q by cp.async, running max reset ----------------
-    if (tid == 0 && kb0 < kb1) {
-      issue_kv_half(p, sKV[0], bar[0][0], bt_row, kb0, 0, kv_len);
-      issue_kv_half(p, sKV[0], bar[0][1], bt_row, kb0, 1, kv_len);
+    if (tid < 32 && kb0 < kb1) {
+      // Lanes 0-7 hold block kb0's chunk pages, lanes 8-15 block kb0+1's.
+      const int page = lane < 16 ? chunk_page(p, bt_row, kb0 + (lane >> 3), lane & 7, kv_len) : p.num_pages;
+      issue_kv_half(p, sKV[0], bar[0][0], kb0, 0, page, 0);
+      issue_kv_half(p, sKV[0], bar[0][1], kb0, 1, page, 0);
       if (kb0 + 1 < kb1) {
-        issue_kv_half(p, sKV[1], bar[1][0], bt_row, kb0 + 1, 0, kv_len);
-        issue_kv_half(p, sKV[1], bar[1][1], bt_row, kb0 + 1, 1, kv_len);
+        issue_kv_half(p, sKV[1], bar[1][0], kb0 + 1, 0, page, 8);
+        issue_kv_half(p, sKV[1], bar[1][1], kb0 + 1, 1, page, 8);
       }
     }
     if (kb0 < kb1) load_q(sQ, p, unit.q_row_base, unit.rows);
@@ -299,6 +307,10 @@ __device__ void attention_seesaw(const MlaParams& p) {
     for (int kb = kb0; kb < kb1; kb += 2) {
       const bool has1 = kb + 1 < kb1, has2 = kb + 2 < kb1, has3 = kb + 3 < kb1;
       const uint32_t par0 = loads[0] & 1, par1 = loads[1] & 1;
+      // Warp 0 of each warpgroup issues this pair's refills: lanes 0-7 hold block kb+2's chunk
+      // pages, lanes 8-15 block kb+3's; loaded now, used after a softmax and a PV.
+      int page = p.num_pages;
+      if (tw < 16 && has2) page = chunk_page(p, bt_row, kb + 2 + (lane >> 3), lane & 7, kv_len);
       if (wg == 0) {
         // ---- block kb: softmax against the running max m, O_L += P0 V_L -------------------
         float mx_a, mx_b;
@@ -330,7 +342,7 @@ __device__ void attention_seesaw(const MlaParams& p) {
         named_barrier_arrive(kBarP0, kNumThreads);
         wgmma_wait<0>();
         fence_regs(o);
-        if (has2 && tw == 0) issue_kv_half(p, sKV[0], bar[0][0], bt_row, kb + 2, 0, kv_len);
+        if (has2 && tw < 32) issue_kv_half(p, sKV[0], bar[0][0], kb + 2, 0, page, 0);
         scale_o(o, sc1_a, sc1_b);
         l_a *= sc1_a;
         l_b *= sc1_b;
@@ -340,7 +352,7 @@ __device__ void attention_seesaw(const MlaParams& p) {
           pv_ss(o, sP1, sKV[1]);
           wgmma_wait<0>();
           fence_regs(o);
-          if (has3 && tw == 0) issue_kv_half(p, sKV[1], bar[1][0], bt_row, kb + 3, 0, kv_len);
+          if (has3 && tw < 32) issue_kv_half(p, sKV[1], bar[1][0], kb + 3, 0, page, 8);
         }
         if (has2) qk_block(s, sQ, sKV[0], bar[0][0], bar[0][1], par0 ^ 1);
       } else {
@@ -386,10 +398,10 @@ __device__ void attention_seesaw(const MlaParams& p) {
         } else {
           wgmma_wait<0>();
         }
-        if (has2 && tw == 0) issue_kv_half(p, sKV[0], bar[0][1], bt_row, kb + 2, 1, kv_len);
+        if (has2 && tw < 32) issue_kv_half(p, sKV[0], bar[0][1], kb + 2, 1, page, 0);
         wgmma_wait<0>();
         fence_regs(o);
-        if (has3 && tw == 0) issue_kv_half(p, sKV[1], bar[1][1], bt_row, kb + 3, 1, kv_len);
+        if (has3 && tw < 32) issue_kv_half(p, sKV[1], bar[1][1], kb + 3, 1, page, 8);
         if (has3) qk_block(s, sQ, sKV[1], bar[1][0], bar[1][1], par1 ^ 1);
       }
       loads[0] += 1;
