@@ -16,10 +16,11 @@
 #include <cuda_bf16.h>
 
 #include "../common/device_utils.cuh"
-#include "../common/finalize.cuh"
 #include "../common/params.h"
 #include "../common/units.cuh"
 #include "../config.h"
+#include "epilogue.cuh"
+#include "tile_utils.cuh"
 #include "smem_size.h"
 #include "tma.cuh"
 #include "wgmma.cuh"
@@ -35,25 +36,6 @@ constexpr int kBarWg = 4;      // +wg, 128 threads: one warpgroup's smem stores 
 // A running max that is finite: fully masked rows stay at it and give 2^(-inf - m) = 0 with
 // scale 2^(m - m) = 1, never NaN.
 constexpr float kMaxInit = -1e30f;
-
-// Byte offset of 16-byte chunk `chunk` (0..7) of row r inside a 128B-swizzled box.
-__device__ __forceinline__ uint32_t sw_offset(int r, int chunk) { return r * 128 + ((chunk ^ (r & 7)) << 4); }
-
-// Q rows [row_base, row_base + rows) -> sQ with cp.async by all 256 threads; rows past `rows`
-// are zero-filled. 8 threads per row (one 16 B chunk of each box), 32 rows per pass.
-__device__ __forceinline__ void load_q(uint32_t sQ, const MlaParams& p, long long row_base, int rows) {
-  const int chunk = threadIdx.x & 7;
-#pragma unroll
-  for (int pass = 0; pass < kBlockM / 32; ++pass) {
-    const int r = (threadIdx.x >> 3) + 32 * pass;
-    const bool valid = r < rows;
-    const __nv_bfloat16* src = static_cast<const __nv_bfloat16*>(p.q) +
-                               (valid ? (row_base + r) * kHeadDimQK : 0) + chunk * 8;
-#pragma unroll
-    for (int box = 0; box < kNumBoxesQK; ++box)
-      cp_async_16(sQ + box * kBoxBytes + sw_offset(r, chunk), src + box * kBoxCols, valid);
-  }
-}
 
 // Page id of TMA chunk `chunk` (box_rows tokens) of KV block `block`, or num_pages for chunks past
 // the request: out of bounds, so the TMA writes zeros. Rows past kv_len inside the last page are
@@ -121,39 +103,6 @@ struct Rows {
   int r_a, r_b, q4;
 };
 
-__device__ __forceinline__ float quad_max2(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-__device__ __forceinline__ float quad_sum2(float x) {
-  x += __shfl_xor_sync(0xffffffffu, x, 1);
-  return x + __shfl_xor_sync(0xffffffffu, x, 2);
-}
-
-// Scale S to the log2 domain and mask columns at or past each row's KV limit; row maxima out.
-__device__ __forceinline__ void mask_scale(float (&s)[32], int tok0, int lim_a, int lim_b,
-                                           float scale_log2, float& mx_a, float& mx_b) {
-  mx_a = -INFINITY;
-  mx_b = -INFINITY;
-#pragma unroll
-  for (int t = 0; t < 8; ++t) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int tok = tok0 + 8 * t + (e & 1);
-      float& x = s[4 * t + e];
-      if (e < 2) {
-        x = tok < lim_a ? x * scale_log2 : -INFINITY;
-        mx_a = fmaxf(mx_a, x);
-      } else {
-        x = tok < lim_b ? x * scale_log2 : -INFINITY;
-        mx_b = fmaxf(mx_b, x);
-      }
-    }
-  }
-  mx_a = quad_max2(mx_a);
-  mx_b = quad_max2(mx_b);
-}
-
 // P = 2^(t - m) in place; returns this thread's row sums.
 __device__ __forceinline__ void exp_rows(float (&s)[32], float m_a, float m_b, float& sum_a, float& sum_b) {
   sum_a = 0.f;
@@ -173,8 +122,8 @@ __device__ __forceinline__ void exp_rows(float (&s)[32], float m_a, float m_b, f
 __device__ __forceinline__ void store_p(uint8_t* box, const float (&s)[32], const Rows& rw, float f_a, float f_b) {
 #pragma unroll
   for (int t = 0; t < 8; ++t) {
-    *reinterpret_cast<uint32_t*>(box + sw_offset(rw.r_a, t) + 4 * rw.q4) = pack_bf16x2(s[4 * t] * f_a, s[4 * t + 1] * f_a);
-    *reinterpret_cast<uint32_t*>(box + sw_offset(rw.r_b, t) + 4 * rw.q4) =
+    *reinterpret_cast<uint32_t*>(box + swizzled(rw.r_a, t) + 4 * rw.q4) = pack_bf16x2(s[4 * t] * f_a, s[4 * t + 1] * f_a);
+    *reinterpret_cast<uint32_t*>(box + swizzled(rw.r_b, t) + 4 * rw.q4) =
         pack_bf16x2(s[4 * t + 2] * f_b, s[4 * t + 3] * f_b);
   }
 }
@@ -243,38 +192,20 @@ __device__ void attention_seesaw(const MlaParams& p) {
   // The plan is written by the kernel launched just before this one.
   pdl_wait_primary();
   pdl_launch_dependents();
-  // CTA set `set` (m_group CTAs side by side) owns [bounds[set], bounds[set+1]); this CTA runs
-  // unit `lane_m` of each group there, over the same KV blocks as its partners (L2 serves them).
-  const int set = blockIdx.x / p.m_group, lane_m = blockIdx.x % p.m_group;
-  const WorkPos beg = p.bounds[set], end = p.bounds[set + 1];
-  if (beg.group == end.group && beg.block == end.block) return;
+  const CtaRange cr = cta_range(p);
+  if (cr.group0 == cr.group_end) return;
 
   const float scale_log2 = load_scale(p.bmm1_scale_ptr, p.bmm1_scale) * kLog2e;
   const float bmm2 = load_scale(p.bmm2_scale_ptr, p.bmm2_scale);
   uint32_t loads[2] = {0, 0};  // blocks loaded into each stage so far: the mbarrier phase count
 
-  for (int grp = beg.group; grp < end.group || (grp == end.group && end.block > 0); ++grp) {
-    const int b = find_request(p, grp);
-    const int j = grp - p.group_prefix[b];
-    const int m = j * p.m_group + lane_m;
-    if (m >= request_num_units(p, b)) continue;  // the request's last group is short
-    const Unit unit = make_unit(p, b, m);
-    const int group_blocks = group_num_blocks(p, b, j);
-    const int gkb0 = grp == beg.group ? beg.block : 0;
-    const int gkb1 = grp == end.group ? end.block : group_blocks;
-    // Split is decided per group, so all its units agree with the combine; a unit that sees fewer
-    // blocks than its group clips the range (possibly to nothing: it then writes an empty partial).
-    const bool split = gkb0 > 0 || gkb1 < group_blocks;
-    const int kb0 = min(gkb0, unit.num_blocks), kb1 = min(gkb1, unit.num_blocks);
+  for (int grp = cr.group0; grp < cr.group_end; ++grp) {
+    const UnitWork w = unit_work(p, grp, cr.lane_m, cr.beg, cr.end);
+    if (!w.valid) continue;
+    const Unit& unit = w.unit;
+    const int kb0 = w.kb0, kb1 = w.kb1, kv_len = unit.kv_len;
     const int* bt_row = p.block_tables + (long long)unit.b * p.block_table_stride;
-    const int kv_len = unit.kv_len;
-
-    // KV tokens each of this thread's two rows may see; rows past the unit see the extent so
-    // that they stay finite (they are never written).
-    const int lim_a = rw.r_a < unit.rows
-        ? row_kv_limit(kv_len, unit.q_len, (unit.row0 + rw.r_a) / p.num_heads) : unit.kv_extent;
-    const int lim_b = rw.r_b < unit.rows
-        ? row_kv_limit(kv_len, unit.q_len, (unit.row0 + rw.r_b) / p.num_heads) : unit.kv_extent;
+    const int lim_a = unit_row_limit(p, unit, rw.r_a), lim_b = unit_row_limit(p, unit, rw.r_b);
 
     // ---- prologue: first two blocks by TMA, Q by cp.async, running max reset ----------------
     if (tid < 32 && kb0 < kb1) {
@@ -287,7 +218,7 @@ __device__ void attention_seesaw(const MlaParams& p) {
         issue_kv_half(p, sKV[1], bar[1][1], kb0 + 1, 1, page, 8);
       }
     }
-    if (kb0 < kb1) load_q(sQ, p, unit.q_row_base, unit.rows);
+    if (kb0 < kb1) load_q_tile(sQ, p, unit.q_row_base, unit.rows);
     cp_async_commit();
     if (tid < kBlockM) ss.m[tid] = kMaxInit;
     cp_async_wait_all();
@@ -409,58 +340,16 @@ __device__ void attention_seesaw(const MlaParams& p) {
     }
 
     // ---- epilogue: full row sums, normalize, write the output or this split's partial ------
-    l_a = quad_sum2(l_a);
-    l_b = quad_sum2(l_b);
+    l_a = quad_sum(l_a);
+    l_b = quad_sum(l_b);
     if (rw.q4 == 0) {
       ss.row_sum[wg][rw.r_a] = l_a;
       ss.row_sum[wg][rw.r_b] = l_b;
     }
     __syncthreads();
-    const float mf_a = ss.m[rw.r_a], mf_b = ss.m[rw.r_b];
-    const float tot_a = ss.row_sum[0][rw.r_a] + ss.row_sum[1][rw.r_a];
-    const float tot_b = ss.row_sum[0][rw.r_b] + ss.row_sum[1][rw.r_b];
-    const float lse_a = tot_a > 0.f ? mf_a + log2f(tot_a) : -INFINITY;
-    const float lse_b = tot_b > 0.f ? mf_b + log2f(tot_b) : -INFINITY;
-    const float inv_a = tot_a > 0.f ? 1.f / tot_a : 0.f;
-    const float inv_b = tot_b > 0.f ? 1.f / tot_b : 0.f;
-    const int col0 = wg * kOCols + 2 * rw.q4;
-    const bool ok_a = rw.r_a < unit.rows, ok_b = rw.r_b < unit.rows;
-
-    if (split) {
-      const int slot = partial_slot(p, set, grp, lane_m);
-      float* po = p.partial_o + (long long)slot * kBlockM * kHeadDimV;
-#pragma unroll
-      for (int t = 0; t < kOCols / 8; ++t) {
-        if (ok_a)
-          *reinterpret_cast<float2*>(po + rw.r_a * kHeadDimV + col0 + 8 * t) =
-              make_float2(o[4 * t + 0] * inv_a, o[4 * t + 1] * inv_a);
-        if (ok_b)
-          *reinterpret_cast<float2*>(po + rw.r_b * kHeadDimV + col0 + 8 * t) =
-              make_float2(o[4 * t + 2] * inv_b, o[4 * t + 3] * inv_b);
-      }
-      if (wg == 0 && rw.q4 == 0) {
-        if (ok_a) p.partial_lse[slot * kBlockM + rw.r_a] = lse_a;
-        if (ok_b) p.partial_lse[slot * kBlockM + rw.r_b] = lse_b;
-      }
-    } else {
-      const RowFinal fa = finalize_row(lse_a, p.sinks, (unit.row0 + rw.r_a) % p.num_heads, bmm2);
-      const RowFinal fb = finalize_row(lse_b, p.sinks, (unit.row0 + rw.r_b) % p.num_heads, bmm2);
-      const float sa = inv_a * fa.scale, sb = inv_b * fb.scale;
-      __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out);
-#pragma unroll
-      for (int t = 0; t < kOCols / 8; ++t) {
-        if (ok_a)
-          *reinterpret_cast<uint32_t*>(out + (unit.q_row_base + rw.r_a) * kHeadDimV + col0 + 8 * t) =
-              pack_bf16x2(o[4 * t + 0] * sa, o[4 * t + 1] * sa);
-        if (ok_b)
-          *reinterpret_cast<uint32_t*>(out + (unit.q_row_base + rw.r_b) * kHeadDimV + col0 + 8 * t) =
-              pack_bf16x2(o[4 * t + 2] * sb, o[4 * t + 3] * sb);
-      }
-      if (p.lse != nullptr && wg == 0 && rw.q4 == 0) {
-        if (ok_a) p.lse[unit.q_row_base + rw.r_a] = fa.lse;
-        if (ok_b) p.lse[unit.q_row_base + rw.r_b] = fb.lse;
-      }
-    }
+    store_unit_result(p, w, partial_slot(p, cr.set, grp, cr.lane_m), wg, rw.r_a, rw.r_b, rw.q4, o,
+                      ss.m[rw.r_a], ss.m[rw.r_b], ss.row_sum[0][rw.r_a] + ss.row_sum[1][rw.r_a],
+                      ss.row_sum[0][rw.r_b] + ss.row_sum[1][rw.r_b], bmm2);
     // The next unit reuses sQ, the stages, m and row_sum: everyone must be past this one's reads.
     __syncthreads();
   }

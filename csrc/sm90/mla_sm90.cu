@@ -3,7 +3,7 @@
 #include "../common/combine.cuh"
 #include "../common/params.h"
 #include "../common/plan.cuh"
-#include "attention.cuh"
+#include "attention_any_page.cuh"
 #include "attention_seesaw.cuh"
 
 using jit_mla::MlaParams;
@@ -22,7 +22,7 @@ extern "C" __global__ void __launch_bounds__(jit_mla::kNumThreads, 1)
 
 extern "C" __global__ void __launch_bounds__(jit_mla::kNumThreads, 1)
     mla_sm90_attention_any_page(const __grid_constant__ MlaParams p) {
-  jit_mla::sm90::attention(p);
+  jit_mla::sm90::attention_any_page(p);
 }
 
 extern "C" __global__ void __launch_bounds__(jit_mla::kCombineThreads, 1)

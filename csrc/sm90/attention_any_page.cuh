@@ -1,4 +1,6 @@
-// Split-KV MLA attention for sm_90a: one CTA per plan range, two math warpgroups, wgmma.
+// Split-KV MLA attention for sm_90a, any page size (1 included): cp.async loads, two math
+// warpgroups splitting S by KV columns, wgmma. The TMA kernel (attention_seesaw.cuh) is faster;
+// this one serves page sizes a TMA box cannot address (not 8, 16, 32, 64 or a multiple of 64).
 //
 // A CTA walks its range of work (units = 64 rows of (query token x head) of one request, each
 // against a run of 64-token KV blocks). Per KV block:
@@ -10,38 +12,16 @@
 #include <cuda_bf16.h>
 
 #include "../common/device_utils.cuh"
-#include "../common/finalize.cuh"
 #include "../common/params.h"
 #include "../common/units.cuh"
 #include "../config.h"
+#include "epilogue.cuh"
+#include "tile_utils.cuh"
 #include "smem_size.h"
 #include "wgmma.cuh"
 
 namespace jit_mla::sm90 {
 
-
-// Byte offset of 16-byte chunk `chunk` (0..7) of row r inside a 128B-swizzled box.
-__device__ __forceinline__ uint32_t swizzled(int r, int chunk) {
-  return r * 128 + ((chunk ^ (r & 7)) << 4);
-}
-
-// Q rows [row_base, row_base + rows) -> sQ; rows past `rows` are zero-filled.
-// Thread layout: 8 threads per row (one 16 B chunk of each box), 32 rows per pass.
-__device__ __forceinline__ void load_q_tile(uint32_t sQ, const MlaParams& p, long long row_base,
-                                            int rows) {
-  const int chunk = threadIdx.x & 7;
-#pragma unroll
-  for (int pass = 0; pass < kBlockM / 32; ++pass) {
-    const int r = (threadIdx.x >> 3) + 32 * pass;
-    const bool valid = r < rows;
-    const __nv_bfloat16* src = static_cast<const __nv_bfloat16*>(p.q) +
-                               (valid ? (row_base + r) * kHeadDimQK : 0) + chunk * 8;
-    const uint32_t dst = sQ + swizzled(r, chunk);
-#pragma unroll
-    for (int box = 0; box < kNumBoxesQK; ++box)
-      cp_async_16(dst + box * kBoxBytes, src + box * kBoxCols, valid);
-  }
-}
 
 // KV tokens [block*64, block*64 + 64) of a request -> sK; tokens >= kv_extent zero-filled.
 __device__ __forceinline__ void load_kv_tile(uint32_t sK, const MlaParams& p, const int* bt_row,
@@ -73,16 +53,7 @@ struct RowState {
   float l;  // this thread's partial sum of 2^(t - m) (quad-reduced at the end)
 };
 
-__device__ __forceinline__ float quad_max(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-__device__ __forceinline__ float quad_sum(float x) {
-  x += __shfl_xor_sync(0xffffffffu, x, 1);
-  return x + __shfl_xor_sync(0xffffffffu, x, 2);
-}
-
-__device__ void attention(const MlaParams& p) {
+__device__ void attention_any_page(const MlaParams& p) {
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw_addr = smem_u32(smem_raw);
   SharedStorage& ss =
@@ -97,36 +68,19 @@ __device__ void attention(const MlaParams& p) {
   // The plan is written by the kernel launched just before this one.
   pdl_wait_primary();
   pdl_launch_dependents();
-  // CTA set `set` (m_group CTAs side by side) owns [bounds[set], bounds[set+1]); this CTA runs
-  // unit `lane` of each group there, over the same KV blocks as its partners (L2 serves them).
-  const int set = blockIdx.x / p.m_group, lane_m = blockIdx.x % p.m_group;
-  const WorkPos beg = p.bounds[set], end = p.bounds[set + 1];
-  if (beg.group == end.group && beg.block == end.block) return;
+  const CtaRange cr = cta_range(p);
+  if (cr.group0 == cr.group_end) return;
 
   const float scale_log2 = load_scale(p.bmm1_scale_ptr, p.bmm1_scale) * kLog2e;
   const float bmm2 = load_scale(p.bmm2_scale_ptr, p.bmm2_scale);
 
-  for (int grp = beg.group; grp < end.group || (grp == end.group && end.block > 0); ++grp) {
-    const int b = find_request(p, grp);
-    const int j = grp - p.group_prefix[b];
-    const int m = j * p.m_group + lane_m;
-    if (m >= request_num_units(p, b)) continue;  // the request's last group is short
-    const Unit unit = make_unit(p, b, m);
-    const int group_blocks = group_num_blocks(p, b, j);
-    const int gkb0 = grp == beg.group ? beg.block : 0;
-    const int gkb1 = grp == end.group ? end.block : group_blocks;
-    // Split is decided per group, so all its units agree with the combine; a unit that sees fewer
-    // blocks than its group clips the range (possibly to nothing: it then writes an empty partial).
-    const bool split = gkb0 > 0 || gkb1 < group_blocks;
-    const int kb0 = min(gkb0, unit.num_blocks), kb1 = min(gkb1, unit.num_blocks);
+  for (int grp = cr.group0; grp < cr.group_end; ++grp) {
+    const UnitWork w = unit_work(p, grp, cr.lane_m, cr.beg, cr.end);
+    if (!w.valid) continue;
+    const Unit& unit = w.unit;
+    const int kb0 = w.kb0, kb1 = w.kb1;
     const int* bt_row = p.block_tables + (long long)unit.b * p.block_table_stride;
-
-    // KV tokens each of this thread's two rows may see; rows past the unit see the extent so
-    // that they stay finite (they are never written).
-    const int lim_a = r_a < unit.rows
-        ? row_kv_limit(unit.kv_len, unit.q_len, (unit.row0 + r_a) / p.num_heads) : unit.kv_extent;
-    const int lim_b = r_b < unit.rows
-        ? row_kv_limit(unit.kv_len, unit.q_len, (unit.row0 + r_b) / p.num_heads) : unit.kv_extent;
+    const int lim_a = unit_row_limit(p, unit, r_a), lim_b = unit_row_limit(p, unit, r_b);
 
     float o[128];
 #pragma unroll
@@ -164,25 +118,8 @@ __device__ void attention(const MlaParams& p) {
       fence_regs(s);
 
       // ---- mask, scale to the log2 domain, row max over both warpgroups -----------------
-      const int tok0 = kb * kBlockN + wg * kSCols + 2 * q4;
-      float mx_a = -INFINITY, mx_b = -INFINITY;
-#pragma unroll
-      for (int t = 0; t < kSCols / 8; ++t) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int tok = tok0 + 8 * t + (e & 1);
-          float& x = s[4 * t + e];
-          if (e < 2) {
-            x = tok < lim_a ? x * scale_log2 : -INFINITY;
-            mx_a = fmaxf(mx_a, x);
-          } else {
-            x = tok < lim_b ? x * scale_log2 : -INFINITY;
-            mx_b = fmaxf(mx_b, x);
-          }
-        }
-      }
-      mx_a = quad_max(mx_a);
-      mx_b = quad_max(mx_b);
+      float mx_a, mx_b;
+      mask_scale(s, kb * kBlockN + wg * kSCols + 2 * q4, lim_a, lim_b, scale_log2, mx_a, mx_b);
       if (q4 == 0) {
         ss.row_max[wg][r_a] = mx_a;
         ss.row_max[wg][r_b] = mx_b;
@@ -243,47 +180,8 @@ __device__ void attention(const MlaParams& p) {
     named_barrier_sync(1, kNumThreads);
     const float tot_a = ss.row_sum[0][r_a] + ss.row_sum[1][r_a];
     const float tot_b = ss.row_sum[0][r_b] + ss.row_sum[1][r_b];
-    const float lse_a = (st_a.m == -INFINITY || tot_a == 0.f) ? -INFINITY : st_a.m + log2f(tot_a);
-    const float lse_b = (st_b.m == -INFINITY || tot_b == 0.f) ? -INFINITY : st_b.m + log2f(tot_b);
-    const float inv_a = lse_a == -INFINITY ? 0.f : 1.f / tot_a;
-    const float inv_b = lse_b == -INFINITY ? 0.f : 1.f / tot_b;
-    const int col0 = wg * kOCols + 2 * q4;
-
-    if (split) {
-      const int slot = partial_slot(p, set, grp, lane_m);
-      float* po = p.partial_o + (long long)slot * kBlockM * kHeadDimV;
-#pragma unroll
-      for (int t = 0; t < kOCols / 8; ++t) {
-        if (r_a < unit.rows)
-          *reinterpret_cast<float2*>(po + r_a * kHeadDimV + col0 + 8 * t) =
-              make_float2(o[4 * t + 0] * inv_a, o[4 * t + 1] * inv_a);
-        if (r_b < unit.rows)
-          *reinterpret_cast<float2*>(po + r_b * kHeadDimV + col0 + 8 * t) =
-              make_float2(o[4 * t + 2] * inv_b, o[4 * t + 3] * inv_b);
-      }
-      if (wg == 0 && q4 == 0) {
-        if (r_a < unit.rows) p.partial_lse[slot * kBlockM + r_a] = lse_a;
-        if (r_b < unit.rows) p.partial_lse[slot * kBlockM + r_b] = lse_b;
-      }
-    } else {
-      const RowFinal fa = finalize_row(lse_a, p.sinks, (unit.row0 + r_a) % p.num_heads, bmm2);
-      const RowFinal fb = finalize_row(lse_b, p.sinks, (unit.row0 + r_b) % p.num_heads, bmm2);
-      const float sa = inv_a * fa.scale, sb = inv_b * fb.scale;
-      __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out);
-#pragma unroll
-      for (int t = 0; t < kOCols / 8; ++t) {
-        if (r_a < unit.rows)
-          *reinterpret_cast<uint32_t*>(out + (unit.q_row_base + r_a) * kHeadDimV + col0 + 8 * t) =
-              pack_bf16x2(o[4 * t + 0] * sa, o[4 * t + 1] * sa);
-        if (r_b < unit.rows)
-          *reinterpret_cast<uint32_t*>(out + (unit.q_row_base + r_b) * kHeadDimV + col0 + 8 * t) =
-              pack_bf16x2(o[4 * t + 2] * sb, o[4 * t + 3] * sb);
-      }
-      if (p.lse != nullptr && wg == 0 && q4 == 0) {
-        if (r_a < unit.rows) p.lse[unit.q_row_base + r_a] = fa.lse;
-        if (r_b < unit.rows) p.lse[unit.q_row_base + r_b] = fb.lse;
-      }
-    }
+    store_unit_result(p, w, partial_slot(p, cr.set, grp, cr.lane_m), wg, r_a, r_b, q4, o, st_a.m, st_b.m,
+                      tot_a, tot_b, bmm2);
     // The next unit's loads overwrite sQ/sK and its epilogue row_sum: everyone must be past
     // this one's reads.
     __syncthreads();

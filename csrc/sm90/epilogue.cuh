@@ -1,0 +1,121 @@
+// What both sm_90a attention kernels do around each unit: find its KV range in the plan, and at
+// the end write either the final output (unsplit) or this split's partial for the combine.
+#pragma once
+#include <cuda_bf16.h>
+
+#include "../common/device_utils.cuh"
+#include "../common/finalize.cuh"
+#include "../common/params.h"
+#include "../common/units.cuh"
+#include "../config.h"
+
+namespace jit_mla::sm90 {
+
+// This CTA's share of the plan: CTA set `set` (m_group CTAs side by side) owns
+// [bounds[set], bounds[set+1]); the CTA runs unit `lane_m` of each group there, over the same KV
+// blocks as its partners (L2 serves them). Groups are [group0, group_end).
+struct CtaRange {
+  int set, lane_m;
+  WorkPos beg, end;
+  int group0, group_end;
+};
+
+__device__ __forceinline__ CtaRange cta_range(const MlaParams& p) {
+  CtaRange r;
+  r.set = blockIdx.x / p.m_group;
+  r.lane_m = blockIdx.x % p.m_group;
+  r.beg = p.bounds[r.set];
+  r.end = p.bounds[r.set + 1];
+  r.group0 = r.beg.group;
+  r.group_end = r.end.block > 0 ? r.end.group + 1 : r.end.group;
+  if (r.beg.group == r.end.group && r.beg.block == r.end.block) r.group_end = r.group0;  // empty
+  return r;
+}
+
+// One unit of a group, as a CTA of set `set` (lane lane_m) runs it.
+struct UnitWork {
+  bool valid;   // false: the request's last group has no unit in this lane
+  Unit unit;
+  int kb0, kb1; // KV blocks to run, clipped to the unit's own extent (may be empty)
+  bool split;   // decided per group, so all its units agree with the combine
+};
+
+__device__ __forceinline__ UnitWork unit_work(const MlaParams& p, int grp, int lane_m, WorkPos beg,
+                                              WorkPos end) {
+  UnitWork w{};
+  const int b = find_request(p, grp);
+  const int j = grp - p.group_prefix[b];
+  const int m = j * p.m_group + lane_m;
+  w.valid = m < request_num_units(p, b);
+  if (!w.valid) return w;
+  w.unit = make_unit(p, b, m);
+  const int group_blocks = group_num_blocks(p, b, j);
+  const int gkb0 = grp == beg.group ? beg.block : 0;
+  const int gkb1 = grp == end.group ? end.block : group_blocks;
+  w.split = gkb0 > 0 || gkb1 < group_blocks;
+  // A unit that sees fewer blocks than its group clips the range (possibly to nothing: it then
+  // writes an empty partial, lse -inf).
+  w.kb0 = min(gkb0, w.unit.num_blocks);
+  w.kb1 = min(gkb1, w.unit.num_blocks);
+  return w;
+}
+
+// KV tokens row r of the unit may see; rows past the unit see the extent so that they stay
+// finite (they are never written).
+__device__ __forceinline__ int unit_row_limit(const MlaParams& p, const Unit& u, int r) {
+  return r < u.rows ? row_kv_limit(u.kv_len, u.q_len, (u.row0 + r) / p.num_heads) : u.kv_extent;
+}
+
+// Writes this warpgroup's half of O (columns [256 wg, 256 wg + 256), m64n256 accumulator layout:
+// rows r_a, r_b = r_a + 8; element 4t+e at column 8t + 2 q4 + (e&1)). m: the rows' final running
+// max (log2 domain), tot: their full softmax denominators relative to it.
+__device__ __forceinline__ void store_unit_result(const MlaParams& p, const UnitWork& w, int slot,
+                                                  int wg, int r_a, int r_b, int q4,
+                                                  const float (&o)[128], float m_a, float m_b,
+                                                  float tot_a, float tot_b, float bmm2) {
+  const Unit& u = w.unit;
+  const bool seen_a = tot_a > 0.f && m_a != -INFINITY, seen_b = tot_b > 0.f && m_b != -INFINITY;
+  const float lse_a = seen_a ? m_a + log2f(tot_a) : -INFINITY;
+  const float lse_b = seen_b ? m_b + log2f(tot_b) : -INFINITY;
+  float f_a = seen_a ? 1.f / tot_a : 0.f, f_b = seen_b ? 1.f / tot_b : 0.f;
+  const int col0 = wg * kOCols + 2 * q4;
+  const bool ok_a = r_a < u.rows, ok_b = r_b < u.rows;
+
+  if (w.split) {
+    float* po = p.partial_o + (long long)slot * kBlockM * kHeadDimV;
+#pragma unroll
+    for (int t = 0; t < kOCols / 8; ++t) {
+      if (ok_a)
+        *reinterpret_cast<float2*>(po + r_a * kHeadDimV + col0 + 8 * t) =
+            make_float2(o[4 * t + 0] * f_a, o[4 * t + 1] * f_a);
+      if (ok_b)
+        *reinterpret_cast<float2*>(po + r_b * kHeadDimV + col0 + 8 * t) =
+            make_float2(o[4 * t + 2] * f_b, o[4 * t + 3] * f_b);
+    }
+    if (wg == 0 && q4 == 0) {
+      if (ok_a) p.partial_lse[slot * kBlockM + r_a] = lse_a;
+      if (ok_b) p.partial_lse[slot * kBlockM + r_b] = lse_b;
+    }
+    return;
+  }
+  const RowFinal fa = finalize_row(lse_a, p.sinks, (u.row0 + r_a) % p.num_heads, bmm2);
+  const RowFinal fb = finalize_row(lse_b, p.sinks, (u.row0 + r_b) % p.num_heads, bmm2);
+  f_a *= fa.scale;
+  f_b *= fb.scale;
+  __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out);
+#pragma unroll
+  for (int t = 0; t < kOCols / 8; ++t) {
+    if (ok_a)
+      *reinterpret_cast<uint32_t*>(out + (u.q_row_base + r_a) * kHeadDimV + col0 + 8 * t) =
+          pack_bf16x2(o[4 * t + 0] * f_a, o[4 * t + 1] * f_a);
+    if (ok_b)
+      *reinterpret_cast<uint32_t*>(out + (u.q_row_base + r_b) * kHeadDimV + col0 + 8 * t) =
+          pack_bf16x2(o[4 * t + 2] * f_b, o[4 * t + 3] * f_b);
+  }
+  if (p.lse != nullptr && wg == 0 && q4 == 0) {
+    if (ok_a) p.lse[u.q_row_base + r_a] = fa.lse;
+    if (ok_b) p.lse[u.q_row_base + r_b] = fb.lse;
+  }
+}
+
+}  // namespace jit_mla::sm90
