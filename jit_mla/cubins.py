@@ -393,8 +393,7 @@ def verified_cubin(arch: str, *, root: Path | str | None = None) -> bytes:
 
 def _cached_cubin(arch: str) -> bytes:
     """Build the arch's cubin into ``cache_dir()/cubins/<source_hash[:16]>/`` once; verify it."""
-    root = env.cache_dir() / "cubins" / source_hash(arch)[:16]
-    root.mkdir(parents=True, exist_ok=True)
+    root = env.cache_subdir("cubins", source_hash(arch)[:16], what="cubin cache dir")
     with _lock(root / ".lock"):
         # Built by another process or an earlier run? A cache entry that fails the checks is
         # ours to rebuild, not a reason to refuse.

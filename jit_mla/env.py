@@ -38,7 +38,7 @@ class JitError(RuntimeError):
 
 
 def cache_dir() -> Path:
-    """``$JIT_MLA_CACHE_DIR`` or ``~/.cache/jit_mla``, created with mode 0700, checked writable."""
+    """``$JIT_MLA_CACHE_DIR`` or ``~/.cache/jit_mla``, created 0700; refused unless private."""
     raw = os.environ.get("JIT_MLA_CACHE_DIR", "")
     path = Path(raw).expanduser() if raw else Path.home() / ".cache" / "jit_mla"
     origin = f"JIT_MLA_CACHE_DIR={raw}" if raw else "the default; set JIT_MLA_CACHE_DIR to move it"
@@ -47,6 +47,31 @@ def cache_dir() -> Path:
     except OSError as e:
         raise JitError(f"cache dir {path} ({origin}) cannot be created: {e}") from e
     _check_cache_dir(path, origin)
+    return path
+
+
+def cache_subdir(*parts: str, what: str = "cache folder") -> Path:
+    """``cache_dir()/<parts...>``: each missing folder created 0700, each one checked private.
+
+    For the folders whose files are loaded into the process (a module dir, the cubin cache):
+    one owned by another user or writable by group or others is refused with a ``JitError``.
+    """
+    path = cache_dir()
+    for part in parts:
+        if not part or part in (".", "..") or "/" in part or os.sep in part:
+            raise ValueError(f"cache_subdir parts must be single folder names, got {parts!r}")
+        path = path / part
+        try:
+            path.mkdir(mode=0o700, exist_ok=True)  # exist_ok: another process may race us here
+            if not path.is_dir():
+                raise NotADirectoryError(f"{path} exists and is not a directory")
+        except OSError as e:
+            raise JitError(
+                f"cannot create {what} {path}: {e} (under the cache dir set by JIT_MLA_CACHE_DIR)"
+            ) from e
+        problem = _not_private(path)
+        if problem:
+            raise JitError(f"{what} {path} {problem}; or remove {path} (jit_mla rebuilds it)")
     return path
 
 
@@ -61,21 +86,65 @@ def _make_private_dirs(path: Path) -> None:
 
 
 def _check_cache_dir(path: Path, origin: str) -> None:
-    """Refuse a cache dir we cannot write. One place for every check on the dir (owner: later)."""
+    """Refuse a cache dir that is not ours alone, or that we cannot write."""
+    problem = _not_private(path)
     # os.access alone is not enough: root passes it everywhere, and read-only mounts or full
     # disks only show on a real write.
-    problem = None
-    if not os.access(path, os.W_OK | os.X_OK):
-        problem = "not writable by this user"
-    else:
+    if problem is None and not os.access(path, os.W_OK | os.X_OK):
+        problem = "is not writable by this user"
+    if problem is None:
         try:
             with tempfile.NamedTemporaryFile(dir=path, prefix=".probe-") as f:
                 f.write(b"x")
                 f.flush()
         except OSError as e:
-            problem = f"a test write failed: {e}"
+            problem = f"failed a test write: {e}"
     if problem:
-        raise JitError(f"cache dir {path} ({origin}) is unusable: {problem}")
+        raise JitError(f"cache dir {path} ({origin}) is unusable: it {problem}")
+
+
+def _not_private(path: Path) -> str | None:
+    """Why ``path`` is not a folder only this user can write to; None when it is.
+
+    The cache holds shared libraries and cubins that are loaded into the process: whoever can
+    write there runs code as us. So the folder must be ours and closed to group and others
+    (the sha256 stamps catch damage, not an attacker who rewrites the stamp as well).
+    """
+    if not hasattr(os, "geteuid"):  # not POSIX: no owners or modes to check
+        return None
+    try:
+        st = path.stat()
+    except OSError as e:
+        return f"cannot be inspected: {e}"
+    euid = os.geteuid()
+    fix = (
+        "set JIT_MLA_CACHE_DIR to a folder of your own (a path that does not exist yet is "
+        "created 0700)"
+    )
+    if st.st_uid != euid:
+        return (
+            f"is owned by uid {st.st_uid} ({_user_name(st.st_uid)}), expected uid {euid} "
+            f"({_user_name(euid)}), the user running jit_mla: code cached there would run as "
+            f"this user; {fix}"
+        )
+    writable_by = [who for who, bit in (("group", 0o020), ("others", 0o002)) if st.st_mode & bit]
+    if writable_by:
+        return (
+            f"has mode {st.st_mode & 0o7777:04o}, writable by {' and '.join(writable_by)}; "
+            f"expected no group or other write permission (jit_mla creates it 0700): code "
+            f"cached there would run as this user; {fix}, or `chmod 700 {path}` if it is "
+            f"yours alone"
+        )
+    return None
+
+
+def _user_name(uid: int) -> str:
+    try:
+        import pwd
+
+        return pwd.getpwuid(uid).pw_name
+    except (ImportError, KeyError):
+        return "no such user"
 
 
 # --------------------------------------------------------------------------------------------

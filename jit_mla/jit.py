@@ -11,8 +11,10 @@ Layout of one module in the cache (``cache_dir()/<name>_<key[:16]>/``)::
 
 The key hashes file *contents*, never mtimes, so a checkout, a copy or a `touch` never
 rebuilds, and any edit to a source or a hashed header does. A module is trusted only when its
-``done`` stamp matches the .so's sha256: a truncated .so, a garbled stamp or leftovers of a
-killed compiler are wiped and rebuilt.
+``done`` stamp matches the .so's sha256: a truncated or swapped .so, a garbled stamp or leftovers
+of a killed compiler are wiped and rebuilt. The cache dir and every module dir are created 0700
+and refused when another user owns them or group or others can write to them (``env``): the
+stamp guards against damage, the folder's owner and mode against someone who rewrites both.
 """
 
 from __future__ import annotations
@@ -155,7 +157,9 @@ def build_and_load(spec: JitSpec) -> tvm_ffi.Module:
 
 
 def _load_or_build(spec: JitSpec, key: str) -> tvm_ffi.Module:
-    mdir = env.cache_dir() / f"{spec.name}_{key[:16]}"
+    # Created 0700; refused before anything in it is read when another user owns it or group or
+    # others can write to it (whoever can write there could swap both the .so and its stamp).
+    mdir = env.cache_subdir(f"{spec.name}_{key[:16]}", what="module dir")
     # Fast path without the lock: the stamp is written last and the .so renamed into place,
     # so a matching stamp means a complete module.
     so = _verified_so(mdir, spec.name, key)
@@ -163,10 +167,6 @@ def _load_or_build(spec: JitSpec, key: str) -> tvm_ffi.Module:
         logger.debug("loading cached %s from %s", spec.name, so)
         return _load(so)
 
-    try:
-        mdir.mkdir(mode=0o700, exist_ok=True)
-    except OSError as e:
-        raise JitError(f"cannot create module dir {mdir}: {e}") from e
     with _BuildLock(mdir / _LOCK):
         # Another process may have finished the build while we waited.
         so = _verified_so(mdir, spec.name, key)
