@@ -18,6 +18,7 @@ from typing import List, Optional, Tuple, Union
 
 import torch
 
+from . import op as _op  # registers torch.ops.jit_mla.mla_decode (engine hook)
 from .launcher import build_launcher, get_launcher
 
 KV_LORA_RANK = 512
@@ -217,6 +218,40 @@ def trtllm_batch_decode_with_kv_cache_mla(
     if return_lse and lse is None:
         lse = torch.empty(query.shape[:-1], dtype=torch.float32, device=query.device)
 
+    # ---- engine hook (jit_mla/op.py): under torch.compile / torch.export the launch is the
+    # registered op torch.ops.jit_mla.mla_decode (traceable, CUDA-graph safe); eager calls go
+    # straight to the launcher, skipping the dispatcher's few microseconds. Both run _launch.
+    if torch.compiler.is_compiling():
+        _op.mla_decode_traced(
+            out, lse, query, kv_cache, workspace_buffer, block_tables, seq_lens, batch_size,
+            max_q_len, max_seq_len, bmm1_scale, bmm2_scale, sinks, cum_seq_lens_q, enable_pdl)
+    else:
+        _launch(
+            out, lse, query, kv_cache, workspace_buffer, block_tables, seq_lens, batch_size,
+            max_q_len, max_seq_len, bmm1_scale, bmm2_scale, sinks, cum_seq_lens_q, enable_pdl)
+    return (out, lse) if return_lse else out
+
+
+def _launch(
+    out: torch.Tensor,
+    lse: Optional[torch.Tensor],
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    workspace_buffer: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    batch_size: int,
+    max_q_len: int,
+    max_seq_len: int,
+    bmm1_scale: Scale,
+    bmm2_scale: Scale,
+    sinks: Optional[torch.Tensor],
+    cum_seq_lens_q: Optional[torch.Tensor],
+    enable_pdl: Optional[bool],
+) -> None:
+    """The one launcher call, on checked and allocated arguments: the eager path of
+    ``trtllm_batch_decode_with_kv_cache_mla`` and the CUDA kernel of ``torch.ops.jit_mla.mla_decode``
+    (jit_mla/op.py) both end here, with the same arguments."""
     get_launcher().trtllm_paged_attention_decode(
         out,
         None,  # out_scale_factor: fp4 output not supported
@@ -235,7 +270,7 @@ def trtllm_batch_decode_with_kv_cache_mla(
         0,  # o_sf_start_index
         batch_size,
         -1,  # window_left
-        sparse_mla_top_k,
+        0,  # sparse_mla_top_k: the public function refuses anything else
         _sm_count(query.device) if query.is_cuda else 1,
         True if enable_pdl is None else bool(enable_pdl),
         workspace_buffer.numel() * workspace_buffer.element_size(),
@@ -247,7 +282,6 @@ def trtllm_batch_decode_with_kv_cache_mla(
         True,  # uses_shared_paged_kv_idx
         lse,
     )
-    return (out, lse) if return_lse else out
 
 
 def _validate_cum_seq_lens_q(cum: torch.Tensor, batch_size: int, total_q: int) -> int:

@@ -99,6 +99,62 @@ def _info(args: argparse.Namespace) -> None:
     line("cache", _cache_contents)
     line("cubins", _manifest_report)
     line("GPU", _gpu_report)
+    line("next call", _next_call_report)
+
+
+def tma_page_size(page_size: int) -> bool:
+    """Whether the launcher picks the TMA kernel for this page size (csrc/launcher.cu's rule)."""
+    return page_size % 64 == 0 or (page_size >= 8 and 64 % page_size == 0)
+
+
+def attention_kernel(page_size: int) -> str:
+    """The attention kernel a call with this page size launches (between plan and combine)."""
+    if tma_page_size(page_size):
+        return "mla_sm90_attention (TMA)"
+    return "mla_sm90_attention_any_page (cp.async)"
+
+
+def launcher_state() -> tuple[Path, bool]:
+    """The launcher's ``.so`` for this csrc/, flags and toolkit, and whether it is built already."""
+    from jit_mla import jit, launcher  # lazy: hashes csrc/ and asks nvcc its version
+
+    spec = launcher.launcher_spec()
+    mdir = jit.module_dir(spec)
+    return mdir / f"{spec.name}.so", (mdir / "done").is_file()
+
+
+def _next_call_report() -> str:
+    """What the next API call in a new process uses: arch, launcher, cubin, kernels."""
+    import torch
+
+    from jit_mla import launcher
+
+    if torch.cuda.is_available():
+        arch = env.device_arch()
+        lines = [f"{arch} (cuda:{torch.cuda.current_device()}, {torch.cuda.get_device_name()})"]
+    else:
+        arch = None
+        lines = [f"no GPU: a call raises; the launcher still builds (for {launcher.launcher_spec().arch})"]
+    so, built = launcher_state()
+    lines.append(f"  launcher: built, {so}" if built else f"  launcher: not built yet; the first call builds {so} (~15 s, once)")
+    if arch is not None:
+        root = _paths.cubins_dir()
+        entry = (cubins._load_manifest(root) or {}).get(arch)
+        problems = [p for p in cubins.check_manifest(root) if arch in p]
+        if problems:
+            lines.append(f"  cubin:    refused, the call raises: {problems[0]}")
+        elif entry is not None:
+            lines.append(f"  cubin:    {root / entry['file']} (shipped, sha256 {entry['sha256'][:16]})")
+        elif arch in cubins.KERNEL_SOURCES:
+            cached = env.cache_dir() / "cubins" / cubins.source_hash(arch)[:16]
+            lines.append(f"  cubin:    none shipped for {arch}: built into {cached} on first use")
+        else:
+            lines.append(f"  cubin:    no kernels for {arch} (jit_mla has {', '.join(sorted(cubins.KERNEL_SOURCES))})")
+    lines.append(
+        f"  kernels:  mla_sm90_plan, {attention_kernel(64)} for page sizes 8, 16, 32, 64 or multiples "
+        f"of 64 (else {attention_kernel(24)}), mla_combine"
+    )
+    return "\n".join(lines)
 
 
 def _jit_mla_version() -> str:

@@ -16,7 +16,7 @@ import torch
 
 from . import env
 from .api import get_workspace_size, trtllm_batch_decode_with_kv_cache_mla
-from .launcher import build_launcher
+from .launcher import build_launcher, get_launcher
 from .reference import mla_reference
 
 SM_SCALE = 1.0 / math.sqrt(128 + 64)  # DeepSeek-V3: qk_nope 128 + qk_rope 64
@@ -40,7 +40,25 @@ def _make_step(batch, q_lens, num_heads, kv_len, page_size, device, seed):
     return to(q), to(kv), to(table), to(seq), to(cum), max(lens)
 
 
+def _prepare_launcher(load) -> None:
+    """Run ``load`` (build_launcher or get_launcher), saying so first when it means a build."""
+    from .cli import launcher_state
+
+    try:
+        so, built = launcher_state()
+    except Exception:  # no toolkit, unreadable csrc/: the build itself reports it
+        so, built = None, True
+    if not built:
+        print(f"building the launcher (first use, ~15 s) into {so.parent} ...", flush=True)
+    t0 = time.perf_counter()
+    load()
+    print(f"launcher {'built' if not built else 'loaded'} in {time.perf_counter() - t0:.1f} s "
+          f"(cache: {env.cache_dir()})", flush=True)
+
+
 def _run_gpu(args: argparse.Namespace) -> int:
+    from .cli import attention_kernel
+
     device = torch.device("cuda")
     repeat = args.repeat or 20
     steps = [
@@ -52,7 +70,9 @@ def _run_gpu(args: argparse.Namespace) -> int:
     if args.shape:
         b, q, h, kv = (int(x) for x in args.shape.split(","))
         steps = [(f"custom B{b} q{q} H{h} kv{kv}", b, q, h, kv)]
-    print(f"jit_mla on {torch.cuda.get_device_name()} ({env.device_arch()}); bf16, page 64")
+    _prepare_launcher(get_launcher)  # builds on first use, then loads the verified cubin
+    print(f"jit_mla on {torch.cuda.get_device_name()} ({env.device_arch()}); bf16, page 64: "
+          f"{attention_kernel(64)}")
     print(f"{'step':28s} {'B':>4s} {'q_len':>6s} {'H':>4s} {'kv':>6s} {'µs/call':>9s} {'max |err|':>10s} {'rel err':>9s}")
     worst = 0.0
     for i, (name, batch, q_len, heads, kv_len) in enumerate(steps):
@@ -91,9 +111,7 @@ def _run_gpu(args: argparse.Namespace) -> int:
 
 
 def _run_cpu() -> int:
-    t0 = time.perf_counter()
-    build_launcher()
-    print(f"launcher built/loaded in {time.perf_counter() - t0:.1f} s (cache: {env.cache_dir()})")
+    _prepare_launcher(build_launcher)
     q, kv, table, seq, cum, _ = _make_step(2, [1, 3], 16, 100, 32, "cpu", seed=0)
     out, lse = mla_reference(q, kv, table, seq, cum_seq_lens_q=cum, bmm1_scale=SM_SCALE)
     print(f"reference on CPU: ragged step (q_lens 1, 3; H 16; kv 100) -> out {list(out.shape)}, "
