@@ -33,6 +33,7 @@ constexpr int kNumStages = 2;                       // KV tiles in flight
 // kMinBlocksPerCta of work so that short inputs do not shatter into tiny splits.
 constexpr int kUnitOverheadBlocks = 2;
 constexpr int kMinBlocksPerCta = 2;
+constexpr int kWholeGroupSetsPct = 85;  // equal groups: give up to 15% of the sets to split nothing
 constexpr int kSlotsPerCta = 2;  // a CTA's range splits at most its first and its last unit
 constexpr int kMaxCtas = 1024;   // plan kernel uses one thread per CTA boundary
 

@@ -28,6 +28,8 @@ def _api():
 
 def _kv_lens(rng: random.Random, q_lens: list[int], kind: str) -> list[int]:
     """seq_lens per request, each >= its query length: 1-token and non-page-multiple ones included."""
+    if kind == "uniform":  # equal lengths: the plan's whole-group path (no split at all)
+        return [max(max(q_lens), 1000)] * len(q_lens)
     hi = {"short": 300, "mixed": 4096, "long": 32768}[kind]
     lens = []
     for i, n in enumerate(q_lens):
@@ -112,6 +114,10 @@ MATRIX = [
     (8, (0, 4), 128, 1, "short", True, {"sinks": True}),
     (8, 1, 64, 24, "mixed", False, {}),
     (4, 3, 128, 256, "mixed", False, {"pool_padding": 8}),
+    # uniform lengths, more groups than CTA sets: whole groups per set, no split
+    (257, 1, 32, 64, "uniform", False, {}),
+    (130, 1, 128, 64, "uniform", False, {"sinks": True}),
+    (300, 2, 16, 1, "uniform", False, {}),
 ]
 
 

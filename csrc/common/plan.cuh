@@ -87,18 +87,44 @@ __device__ void plan_splits(const MlaParams& p) {
   // 3. Set boundaries. Few sets for little work: each gets >= kMinBlocksPerCta blocks' worth.
   const int S = p.num_ctas / p.m_group;
   const long long per_set_min = kMinBlocksPerCta + kUnitOverheadBlocks;
-  const int s_eff = (int)max(1LL, min((long long)S, (W + per_set_min - 1) / per_set_min));
-  for (int s = tid; s <= S; s += kPlanThreads) {
-    const long long x = s >= s_eff ? W : (long long)s * W / s_eff;
-    WorkPos pos{num_groups, 0};
-    if (x < W) {
-      int lo = 0, hi = num_groups - 1;  // largest g with cost_prefix[g] <= x
-      while (lo < hi) {
-        const int mid = (lo + hi + 1) >> 1;
-        if (p.cost_prefix[mid] <= x) lo = mid; else hi = mid - 1;
+  int s_eff = (int)max(1LL, min((long long)S, (W + per_set_min - 1) / per_set_min));
+
+  // Equal groups (a uniform decode batch) that do not divide evenly over the sets would all be
+  // cut in two: split partials written, read and merged for nearly every unit. Whole groups on
+  // slightly fewer sets (>= kWholeGroupSetsPct % of them) balance exactly and split nothing.
+  int groups_per_set = 0;
+  {
+    __shared__ int s_uniform;
+    if (tid == 0) s_uniform = 1;
+    __syncthreads();
+    const long long first = num_groups > 0 ? p.cost_prefix[1] : 0;
+    for (int g = tid; g < num_groups; g += kPlanThreads)
+      if (p.cost_prefix[g + 1] - p.cost_prefix[g] != first) s_uniform = 0;
+    __syncthreads();
+    if (s_uniform && num_groups > S) {
+      const int k = (num_groups + S - 1) / S;
+      const int sets = (num_groups + k - 1) / k;
+      if (sets * 100 >= S * kWholeGroupSetsPct) {
+        groups_per_set = k;
+        s_eff = sets;
       }
-      const long long k = x - p.cost_prefix[lo] - kUnitOverheadBlocks;
-      pos = WorkPos{lo, k > 0 ? (int)k : 0};
+    }
+  }
+  for (int s = tid; s <= S; s += kPlanThreads) {
+    WorkPos pos{num_groups, 0};
+    if (groups_per_set > 0) {
+      pos = WorkPos{(int)min((long long)s * groups_per_set, (long long)num_groups), 0};
+    } else {
+      const long long x = s >= s_eff ? W : (long long)s * W / s_eff;
+      if (x < W) {
+        int lo = 0, hi = num_groups - 1;  // largest g with cost_prefix[g] <= x
+        while (lo < hi) {
+          const int mid = (lo + hi + 1) >> 1;
+          if (p.cost_prefix[mid] <= x) lo = mid; else hi = mid - 1;
+        }
+        const long long k = x - p.cost_prefix[lo] - kUnitOverheadBlocks;
+        pos = WorkPos{lo, k > 0 ? (int)k : 0};
+      }
     }
     p.bounds[s] = pos;
   }
