@@ -132,8 +132,18 @@ def trtllm_batch_decode_with_kv_cache_mla(
     uses_shared_paged_kv_idx: bool = True,
     lse: Optional[torch.Tensor] = None,
     return_lse: bool = False,
+    cute_dsl_impl: str = "auto",
+    kv_scale_format: str = "auto",
     cum_seq_lens_q: Optional[torch.Tensor] = None,
     max_q_len: Optional[int] = None,
+    multi_ctas_kv_counter_buffer: Optional[torch.Tensor] = None,
+    sparse_mla_top_k_lens: Optional[torch.Tensor] = None,
+    enable_dcp: bool = False,
+    cp_world: int = 1,
+    cp_rank: int = 0,
+    causal_seqlens_kv_global: Optional[torch.Tensor] = None,
+    use_fp16_softmax: Optional[bool] = None,
+    return_lse_base: Optional[str] = None,
 ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """MLA attention over a paged latent KV cache (decode, speculative verify, chunked prefill).
 
@@ -169,10 +179,18 @@ def trtllm_batch_decode_with_kv_cache_mla(
         lse: optional float32 ``query.shape[:-1]``, filled with base-2 log-sum-exp
             ``log2(sum_j exp(s_j))`` (sink included), also with ``cum_seq_lens_q``.
         return_lse: return ``(out, lse)``, allocating ``lse`` when not given.
+        cute_dsl_impl, kv_scale_format: FlashInfer's cute-dsl implementation and sparse fp8 scale
+            format selectors; only ``"auto"`` (``NotImplementedError`` otherwise).
         cum_seq_lens_q: int32 ``[B+1]`` prefix sums of query lengths (ragged layout).
         max_q_len: host int, an upper bound of the longest request. When given with
             ``cum_seq_lens_q`` there is no device-to-host sync; when omitted, the prefix sums are
             copied to the host and validated (one sync).
+        multi_ctas_kv_counter_buffer, sparse_mla_top_k_lens, enable_dcp, cp_world, cp_rank,
+            causal_seqlens_kv_global, use_fp16_softmax: FlashInfer's (trtllm-gen multi-CTA,
+            sparse, decode-context-parallel, fp16-softmax) options; only their defaults
+            (``NotImplementedError`` otherwise).
+        return_lse_base: ``None`` or ``"base2"`` (log2, trtllm-gen's default) or ``"basee"``
+            (natural log: the base-2 LSE times ln 2, one extra elementwise kernel).
 
     Semantics: token ``t`` of request ``b`` (``n`` query tokens, ``L = seq_lens[b]``) attends KV
     positions ``0 .. L - n + t`` (bottom-right causal). A row with no visible key gets
@@ -194,6 +212,14 @@ def trtllm_batch_decode_with_kv_cache_mla(
         raise NotImplementedError("skip_softmax_threshold_scale_factor is not supported yet")
     if not uses_shared_paged_kv_idx:
         raise NotImplementedError("uses_shared_paged_kv_idx=False (separate K and V page indices) is not supported")
+    if (  # one cheap test on the hot path; the detailed check only when something is set
+        cute_dsl_impl != "auto" or kv_scale_format != "auto" or multi_ctas_kv_counter_buffer is not None
+        or sparse_mla_top_k_lens is not None or enable_dcp or cp_world != 1 or cp_rank != 0
+        or causal_seqlens_kv_global is not None or use_fp16_softmax or return_lse_base is not None
+    ):  # fmt: skip
+        _refuse_flashinfer_extras(
+            cute_dsl_impl, kv_scale_format, multi_ctas_kv_counter_buffer, sparse_mla_top_k_lens,
+            enable_dcp, cp_world, cp_rank, causal_seqlens_kv_global, use_fp16_softmax, return_lse_base)
     if isinstance(sinks, (list, tuple)):
         if len(sinks) != 1:
             raise ValueError(f"sinks as a list must hold one float32 [H] tensor, got {len(sinks)} items")
@@ -229,7 +255,43 @@ def trtllm_batch_decode_with_kv_cache_mla(
         _launch(
             out, lse, query, kv_cache, workspace_buffer, block_tables, seq_lens, batch_size,
             max_q_len, max_seq_len, bmm1_scale, bmm2_scale, sinks, cum_seq_lens_q, enable_pdl)
+    if return_lse_base == "basee" and lse is not None:
+        lse.mul_(_LN2)  # the kernels write log2; -inf rows stay -inf
     return (out, lse) if return_lse else out
+
+
+_LN2 = math.log(2.0)
+
+
+def _refuse_flashinfer_extras(
+    cute_dsl_impl, kv_scale_format, multi_ctas_kv_counter_buffer, sparse_mla_top_k_lens,
+    enable_dcp, cp_world, cp_rank, causal_seqlens_kv_global, use_fp16_softmax, return_lse_base,
+) -> None:  # fmt: skip
+    """FlashInfer keywords of features jit_mla lacks: accepted at their defaults, refused (never
+    ignored) otherwise, naming the keyword."""
+    given = [
+        (name, value)
+        for name, value, default_ok in (
+            ("cute_dsl_impl", cute_dsl_impl, cute_dsl_impl == "auto"),
+            ("kv_scale_format", kv_scale_format, kv_scale_format == "auto"),
+            ("multi_ctas_kv_counter_buffer", multi_ctas_kv_counter_buffer, multi_ctas_kv_counter_buffer is None),
+            ("sparse_mla_top_k_lens", sparse_mla_top_k_lens, sparse_mla_top_k_lens is None),
+            ("enable_dcp", enable_dcp, enable_dcp is False),
+            ("cp_world", cp_world, cp_world == 1),
+            ("cp_rank", cp_rank, cp_rank == 0),
+            ("causal_seqlens_kv_global", causal_seqlens_kv_global, causal_seqlens_kv_global is None),
+            ("use_fp16_softmax", use_fp16_softmax, not use_fp16_softmax),
+        )
+        if not default_ok
+    ]
+    if given:
+        name, value = given[0]
+        raise NotImplementedError(
+            f"{name} is a FlashInfer option jit_mla does not support (only its default); got "
+            f"{name}={value!r}"
+        )
+    if return_lse_base not in (None, "base2", "basee"):
+        raise ValueError(f"return_lse_base must be 'basee', 'base2' or None, got {return_lse_base!r}")
 
 
 def _launch(
