@@ -2,8 +2,31 @@
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import pytest
 import torch
+
+from jit_mla.jit import JitSpec
+
+DATA = Path(__file__).resolve().parent / "data"
+
+
+@pytest.fixture
+def probe(tmp_path) -> JitSpec:
+    """The JIT probe module's spec (tests/data/jit_probe.cu) over a private copy of its sources,
+    so tests may edit them."""
+    src = tmp_path / "src"
+    src.mkdir()
+    shutil.copy(DATA / "jit_probe.cu", src / "jit_probe.cu")
+    shutil.copytree(DATA / "jit_probe_inc", src / "inc")
+    return JitSpec(
+        name="jit_probe",
+        sources=(src / "jit_probe.cu",),
+        include_dirs=(src / "inc",),
+        hashed_dirs=(src / "inc",),
+    )
 
 
 def _capability():

@@ -32,7 +32,7 @@ from jit_mla import _paths, cubins, env, jit
 from jit_mla.env import JitError
 from jit_mla.jit import JitSpec
 from test_cubins import FAKE_SOURCES, FAKE_TREE, FAKE_UNSHIPPED_ARCH, write_tree
-from test_jit import CHILD, DATA, builds, child_args, child_env, edit, run_child
+from test_jit import CHILD, builds, child_args, child_env, edit, run_child
 
 OTHER_UID = 4321 if os.geteuid() != 4321 else 4322  # any uid but ours; need not exist
 
@@ -51,21 +51,6 @@ def _fresh_state(tmp_path, monkeypatch):
     jit._memo.clear()
     yield
     jit._memo.clear()
-
-
-@pytest.fixture
-def probe(tmp_path) -> JitSpec:
-    """The probe module's spec (tests/data/jit_probe.cu) over a private copy of its sources."""
-    src = tmp_path / "src"
-    src.mkdir()
-    shutil.copy(DATA / "jit_probe.cu", src / "jit_probe.cu")
-    shutil.copytree(DATA / "jit_probe_inc", src / "inc")
-    return JitSpec(
-        name="jit_probe",
-        sources=(src / "jit_probe.cu",),
-        include_dirs=(src / "inc",),
-        hashed_dirs=(src / "inc",),
-    )
 
 
 def chown_to_another_user(path: Path) -> None:

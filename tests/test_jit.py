@@ -25,7 +25,6 @@ from jit_mla.env import JitError
 from jit_mla.jit import JitSpec
 
 REPO = Path(__file__).resolve().parents[1]
-DATA = REPO / "tests" / "data"
 
 
 # --------------------------------------------------------------------------------------------
@@ -48,21 +47,6 @@ def _clear_memos() -> None:
     jit._memo.clear()
     env.cuda_home.cache_clear()
     env.nvcc_version.cache_clear()
-
-
-@pytest.fixture
-def probe(tmp_path) -> JitSpec:
-    """The probe module's spec over a private copy of its sources."""
-    src = tmp_path / "src"
-    src.mkdir()
-    shutil.copy(DATA / "jit_probe.cu", src / "jit_probe.cu")
-    shutil.copytree(DATA / "jit_probe_inc", src / "inc")
-    return JitSpec(
-        name="jit_probe",
-        sources=(src / "jit_probe.cu",),
-        include_dirs=(src / "inc",),
-        hashed_dirs=(src / "inc",),
-    )
 
 
 def builds(spec: JitSpec) -> int:
