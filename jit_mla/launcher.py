@@ -20,7 +20,8 @@ tvm_ffi.error.register_error("NotImplementedError", NotImplementedError)
 
 _DEFAULT_ARCH = "sm_90a"  # what a CPU-only machine builds for (the launcher is host code only)
 _lock = threading.Lock()
-_launcher: tvm_ffi.Module | None = None
+_launcher: tvm_ffi.Module | None = None  # with the device's kernels loaded
+_built: tvm_ffi.Module | None = None  # built and loaded, kernels or not
 
 
 def launcher_spec() -> jit.JitSpec:
@@ -38,8 +39,15 @@ def launcher_spec() -> jit.JitSpec:
 
 
 def build_launcher() -> tvm_ffi.Module:
-    """Build (or reuse from the cache) and load the launcher, without touching any GPU."""
-    return jit.build_and_load(launcher_spec())
+    """Build (or reuse from the cache) and load the launcher, without touching any GPU.
+
+    Memoized per process: the JIT's own memo is keyed by a hash of every file under csrc/, which
+    get_workspace_size and friends would otherwise recompute on each call.
+    """
+    global _built
+    if _built is None:
+        _built = jit.build_and_load(launcher_spec())
+    return _built
 
 
 def get_launcher() -> tvm_ffi.Module:
