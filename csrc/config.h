@@ -35,9 +35,8 @@ constexpr int kUnitOverheadBlocks = 2;
 constexpr int kMinBlocksPerCta = 2;
 constexpr int kWholeGroupSetsPct = 85;  // equal groups: give up to 15% of the sets to split nothing
 constexpr int kSlotsPerCta = 2;  // a CTA's range splits at most its first and its last unit
-constexpr int kMaxCtas = 1024;   // plan kernel uses one thread per CTA boundary
+constexpr int kMaxCtas = 1024;   // combine keeps one weight per split in smem
 
-constexpr int kPlanThreads = 1024;
 constexpr int kCombineThreads = 256;
 
 }  // namespace jit_mla

@@ -201,7 +201,7 @@ struct Kernels {
   cudaLibrary_t library = nullptr;
   // attention: TMA + seesaw (page sizes 8..64 dividing 64, or multiples of 64);
   // attention_any_page: cp.async loads, any page size (1 included).
-  cudaKernel_t plan = nullptr, attention = nullptr, attention_any_page = nullptr, combine = nullptr;
+  cudaKernel_t attention = nullptr, attention_any_page = nullptr, combine = nullptr;
   std::vector<bool> smem_ready;  // per device: dynamic smem limit raised
 };
 std::mutex g_mutex;
@@ -225,7 +225,6 @@ void load_cubin(String arch, Bytes data) {
   Kernels k;
   k.arch = std::string(arch);
   k.library = lib;
-  MLA_CUDA_CHECK(cudaLibraryGetKernel(&k.plan, lib, "mla_sm90_plan"), "cudaLibraryGetKernel(mla_sm90_plan)");
   MLA_CUDA_CHECK(cudaLibraryGetKernel(&k.attention, lib, "mla_sm90_attention"),
                  "cudaLibraryGetKernel(mla_sm90_attention)");
   MLA_CUDA_CHECK(cudaLibraryGetKernel(&k.attention_any_page, lib, "mla_sm90_attention_any_page"),
@@ -349,38 +348,15 @@ CUtensorMap kv_tensor_map(const void* ptr, int64_t pages, int64_t page_size, int
   return e.map;
 }
 
-// ---- the entry point: FlashInfer's trtllm-gen launcher arguments, plus lse ---------------------
-void trtllm_paged_attention_decode(
-    TensorView out, Optional<TensorView> out_scale_factor, TensorView query, TensorView key_cache,
-    TensorView value_cache, TensorView workspace_buffer, TensorView block_tables,
-    TensorView seq_lens, int64_t max_q_len, int64_t max_kv_len, Variant<double, Tensor> bmm1_scale,
-    Variant<double, Tensor> bmm2_scale, double o_sf_scale, int64_t o_sf_vec_size,
-    int64_t o_sf_start_index, int64_t batch_size, int64_t window_left, int64_t sparse_mla_top_k,
-    int64_t sm_count, bool enable_pdl, int64_t workspace_size_bytes,
-    Optional<TensorView> attention_sinks, Optional<TensorView> cum_seq_lens_q,
-    Optional<TensorView> key_block_scales, Optional<TensorView> value_block_scales,
-    Optional<float> skip_softmax_threshold_scale_factor, Optional<bool> uses_shared_paged_kv_idx,
-    Optional<TensorView> lse) {
-  (void)max_kv_len;  // a host hint only: results never depend on it
-  (void)o_sf_scale;
-  (void)o_sf_vec_size;
-  (void)o_sf_start_index;
-
-  // ---- 1a. features not supported yet: refuse, never ignore -----------------------------------
-  MLA_CHECK(!out_scale_factor.has_value(), NotImplementedError)
-      << "out_scale_factor (fp4 output) is not supported yet";
-  MLA_CHECK(sparse_mla_top_k == 0, NotImplementedError)
-      << "sparse_mla_top_k > 0 (sparse MLA) is not supported yet, got " << sparse_mla_top_k;
-  MLA_CHECK(window_left < 0, NotImplementedError)
-      << "window_left >= 0 (sliding window) is not supported, got " << window_left;
-  MLA_CHECK(!key_block_scales.has_value() && !value_block_scales.has_value(), NotImplementedError)
-      << "key_block_scales / value_block_scales (block-scaled KV) are not supported yet";
-  MLA_CHECK(!skip_softmax_threshold_scale_factor.has_value(), NotImplementedError)
-      << "skip_softmax_threshold_scale_factor is not supported yet";
-  MLA_CHECK(!uses_shared_paged_kv_idx.has_value() || *uses_shared_paged_kv_idx, NotImplementedError)
-      << "uses_shared_paged_kv_idx=False (separate K and V page indices) is not supported";
-
-  // ---- 1b. dtypes ----------------------------------------------------------------------------
+// ---- the attention call, after the feature checks of the entry points -------------------------
+// workspace_size_bytes: the size the caller claims (FlashInfer's argument), at most the buffer's.
+void run_attention(TensorView out, Optional<TensorView> lse, TensorView query, TensorView key_cache,
+                   TensorView value_cache, TensorView workspace_buffer, int64_t workspace_size_bytes,
+                   TensorView block_tables, TensorView seq_lens, Optional<TensorView> cum_seq_lens_q,
+                   Optional<TensorView> attention_sinks, const Variant<double, Tensor>& bmm1_scale,
+                   const Variant<double, Tensor>& bmm2_scale, int64_t max_q_len, int64_t batch_size,
+                   int64_t sm_count, bool enable_pdl) {
+  // ---- 1a. dtypes ----------------------------------------------------------------------------
   MLA_CHECK(!same_dtype(key_cache.dtype(), kFP8E4M3), NotImplementedError)
       << "kv_cache in float8_e4m3fn is not supported yet (bf16 only)";
   check_dtype(query, kBF16, "query", "bfloat16");
@@ -394,7 +370,7 @@ void trtllm_paged_attention_decode(
   const Scale s1 = parse_scale(bmm1_scale, "bmm1_scale");
   const Scale s2 = parse_scale(bmm2_scale, "bmm2_scale");
 
-  // ---- 1c. shapes and consistency --------------------------------------------------------------
+  // ---- 1b. shapes and consistency --------------------------------------------------------------
   MLA_CHECK(batch_size >= 0, ValueError) << "batch_size must be >= 0, got " << batch_size;
   MLA_CHECK(block_tables.ndim() == 2, ValueError)
       << "block_tables must be int32 [batch_size, max_pages] = [" << batch_size << ", ...], got "
@@ -488,7 +464,7 @@ void trtllm_paged_attention_decode(
       << "workspace_size = " << workspace_size_bytes << " bytes exceeds workspace_buffer's "
       << ws_bytes << " bytes";
 
-  // ---- 1d. devices ------------------------------------------------------------------------------
+  // ---- 1c. devices ------------------------------------------------------------------------------
   const DLDevice dev = query.device();
   check_device(query, dev, "query");
   check_device(key_cache, dev, "kv_cache");
@@ -515,7 +491,7 @@ void trtllm_paged_attention_decode(
       << "), got workspace_size = " << workspace_size_bytes
       << "; jit_mla.get_workspace_size(...) gives the size";
 
-  // ---- 1e. arch (and kernels) -----------------------------------------------------------------
+  // ---- 1d. arch (and kernels) -----------------------------------------------------------------
   const Kernels& k = kernels_for_device(dev.device_id);
   if (batch_size == 0 || total_q == 0) return;  // nothing to compute, nothing to write
 
@@ -535,6 +511,8 @@ void trtllm_paged_attention_decode(
   p.seq_lens = reinterpret_cast<const int*>(data_of(seq_lens));
   p.cum_q = cum_seq_lens_q.has_value() ? reinterpret_cast<const int*>(data_of(*cum_seq_lens_q)) : nullptr;
   p.q_len = static_cast<int>(q_len);
+  p.total_q = static_cast<int>(total_q);
+  p.max_pages = static_cast<int>(std::min<int64_t>(block_tables.size(1), INT32_MAX));
   p.batch = static_cast<int>(batch_size);
   p.num_heads = static_cast<int>(num_heads);
   p.page_size = static_cast<int>(page_size);
@@ -560,8 +538,7 @@ void trtllm_paged_attention_decode(
   p.kv_box_rows = static_cast<int>(std::min<int64_t>(page_size, kBlockN));
   if (use_tma) p.kv_tmap = kv_tensor_map(p.kv, key_cache.size(0), page_size, row_stride, page_stride);
 
-  // ---- 4. launch: plan -> attention -> combine (the last two with PDL when enabled) ------------
-  launch(k.plan, 1, kPlanThreads, 0, stream, false, &p, "mla_sm90_plan");
+  // ---- 4. launch: attention (each CTA plans first) -> combine, both with PDL when enabled -----
   if (use_tma)
     launch(k.attention, p.num_ctas, kNumThreads, sm90::kSeesawSmemBytes, stream, enable_pdl, &p,
            "mla_sm90_attention");
@@ -571,9 +548,74 @@ void trtllm_paged_attention_decode(
   launch(k.combine, p.num_ctas, kCombineThreads, 0, stream, enable_pdl, &p, "mla_combine");
 }
 
+// ---- entry 1: FlashInfer's trtllm-gen launcher arguments, plus lse -------------------------------
+void trtllm_paged_attention_decode(
+    TensorView out, Optional<TensorView> out_scale_factor, TensorView query, TensorView key_cache,
+    TensorView value_cache, TensorView workspace_buffer, TensorView block_tables,
+    TensorView seq_lens, int64_t max_q_len, int64_t max_kv_len, Variant<double, Tensor> bmm1_scale,
+    Variant<double, Tensor> bmm2_scale, double o_sf_scale, int64_t o_sf_vec_size,
+    int64_t o_sf_start_index, int64_t batch_size, int64_t window_left, int64_t sparse_mla_top_k,
+    int64_t sm_count, bool enable_pdl, int64_t workspace_size_bytes,
+    Optional<TensorView> attention_sinks, Optional<TensorView> cum_seq_lens_q,
+    Optional<TensorView> key_block_scales, Optional<TensorView> value_block_scales,
+    Optional<float> skip_softmax_threshold_scale_factor, Optional<bool> uses_shared_paged_kv_idx,
+    Optional<TensorView> lse) {
+  (void)max_kv_len;  // a host hint only: results never depend on it
+  (void)o_sf_scale;
+  (void)o_sf_vec_size;
+  (void)o_sf_start_index;
+
+  // Features not supported yet: refuse, never ignore.
+  MLA_CHECK(!out_scale_factor.has_value(), NotImplementedError)
+      << "out_scale_factor (fp4 output) is not supported yet";
+  MLA_CHECK(sparse_mla_top_k == 0, NotImplementedError)
+      << "sparse_mla_top_k > 0 (sparse MLA) is not supported yet, got " << sparse_mla_top_k;
+  MLA_CHECK(window_left < 0, NotImplementedError)
+      << "window_left >= 0 (sliding window) is not supported, got " << window_left;
+  MLA_CHECK(!key_block_scales.has_value() && !value_block_scales.has_value(), NotImplementedError)
+      << "key_block_scales / value_block_scales (block-scaled KV) are not supported yet";
+  MLA_CHECK(!skip_softmax_threshold_scale_factor.has_value(), NotImplementedError)
+      << "skip_softmax_threshold_scale_factor is not supported yet";
+  MLA_CHECK(!uses_shared_paged_kv_idx.has_value() || *uses_shared_paged_kv_idx, NotImplementedError)
+      << "uses_shared_paged_kv_idx=False (separate K and V page indices) is not supported";
+  run_attention(out, lse, query, key_cache, value_cache, workspace_buffer, workspace_size_bytes,
+                block_tables, seq_lens, cum_seq_lens_q, attention_sinks, bmm1_scale, bmm2_scale,
+                max_q_len, batch_size, sm_count, enable_pdl);
+}
+
+// ---- entry 2: what jit_mla's Python wrapper calls on every step ---------------------------------
+// The same call with only the arguments that carry information (15 instead of 28: each argument
+// costs TVM-FFI some 50 ns to convert), batch size and max_q_len derived here when not given, the
+// workspace size taken from the buffer itself.
+void mla_decode(TensorView out, Optional<TensorView> lse, TensorView query, TensorView kv_cache,
+                TensorView workspace_buffer, TensorView block_tables, TensorView seq_lens,
+                Optional<TensorView> cum_seq_lens_q, Optional<TensorView> sinks,
+                Variant<double, Tensor> bmm1_scale, Variant<double, Tensor> bmm2_scale,
+                Optional<int64_t> max_q_len, Optional<int64_t> batch_size, int64_t sm_count,
+                bool enable_pdl) {
+  const int64_t batch = batch_size.has_value() ? *batch_size
+                        : block_tables.ndim() >= 1 ? block_tables.size(0) : 0;
+  int64_t q_max = 0;
+  if (max_q_len.has_value()) {
+    q_max = *max_q_len;
+  } else if (query.ndim() == 4) {
+    q_max = query.size(1);
+  } else if (batch > 0 && !cum_seq_lens_q.has_value()) {
+    q_max = query.size(0) / batch;
+  } else {
+    MLA_CHECK(!cum_seq_lens_q.has_value(), ValueError)
+        << "max_q_len is required with cum_seq_lens_q (the Python wrapper derives it on the host)";
+  }
+  const int64_t ws_bytes = workspace_buffer.numel() * ((workspace_buffer.dtype().bits + 7) / 8);
+  run_attention(out, lse, query, kv_cache, kv_cache, workspace_buffer, ws_bytes, block_tables,
+                seq_lens, cum_seq_lens_q, sinks, bmm1_scale, bmm2_scale, q_max, batch, sm_count,
+                enable_pdl);
+}
+
 }  // namespace
 
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(trtllm_paged_attention_decode, trtllm_paged_attention_decode);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(mla_decode, mla_decode);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(workspace_size, workspace_size);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(load_cubin, load_cubin);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(cubin_loaded, cubin_loaded);

@@ -18,6 +18,8 @@ from typing import List, Optional, Tuple, Union
 
 import torch
 
+from . import checks as _checks
+from . import env as _env
 from . import op as _op  # registers torch.ops.jit_mla.mla_decode (engine hook)
 from .launcher import build_launcher, get_launcher
 
@@ -37,6 +39,16 @@ def _sm_count(device: torch.device) -> int:
     n = _sm_counts.get(index)
     if n is None:
         n = _sm_counts[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return n
+
+
+def _sm_count_of(query: torch.Tensor) -> int:
+    """SM count of query's CUDA device (1 on the CPU: the launcher refuses CPU tensors anyway).
+    get_device() is the cheapest way to the index (no torch.device object): hot path."""
+    index = query.get_device()
+    n = _sm_counts.get(index)
+    if n is None:
+        n = _sm_count(query.device) if index >= 0 else 1
     return n
 
 
@@ -144,6 +156,8 @@ def trtllm_batch_decode_with_kv_cache_mla(
     causal_seqlens_kv_global: Optional[torch.Tensor] = None,
     use_fp16_softmax: Optional[bool] = None,
     return_lse_base: Optional[str] = None,
+    *,
+    check_inputs: Optional[bool] = None,
 ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """MLA attention over a paged latent KV cache (decode, speculative verify, chunked prefill).
 
@@ -191,6 +205,17 @@ def trtllm_batch_decode_with_kv_cache_mla(
             (``NotImplementedError`` otherwise).
         return_lse_base: ``None`` or ``"base2"`` (log2, trtllm-gen's default) or ``"basee"``
             (natural log: the base-2 LSE times ln 2, one extra elementwise kernel).
+        check_inputs: jit_mla's own keyword (after FlashInfer's). True checks the values in the
+            device tensors before the launch (page ids inside the pool, ``seq_lens`` >= 0 and
+            >= the request's query length and within ``block_tables``' width, ``cum_seq_lens_q``
+            starting at 0, non-decreasing, ending at ``total_q``, no request above
+            ``max_q_len``) and raises ``jit_mla.InputCheckError`` (a ``ValueError``) naming the
+            argument, index and value. It costs a few small kernels and one host sync per call,
+            so it is off by default; None follows ``JIT_MLA_CHECK_INPUTS``. Refused (True) or
+            skipped (the variable) inside CUDA-graph capture and ``torch.compile``. Without it
+            a bad value still never makes the kernels touch memory outside their tensors (the
+            kernels clamp lengths and ranges; page ids outside the pool read as zeros), but that
+            request's output is wrong.
 
     Semantics: token ``t`` of request ``b`` (``n`` query tokens, ``L = seq_lens[b]``) attends KV
     positions ``0 .. L - n + t`` (bottom-right causal). A row with no visible key gets
@@ -225,9 +250,12 @@ def trtllm_batch_decode_with_kv_cache_mla(
             raise ValueError(f"sinks as a list must hold one float32 [H] tensor, got {len(sinks)} items")
         sinks = sinks[0]
 
-    for name, t in (("query", query), ("kv_cache", kv_cache), ("block_tables", block_tables), ("seq_lens", seq_lens)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    _Tensor = torch.Tensor
+    if not (isinstance(query, _Tensor) and isinstance(kv_cache, _Tensor) and isinstance(block_tables, _Tensor)
+            and isinstance(seq_lens, _Tensor)):  # fmt: skip
+        for name, t in (("query", query), ("kv_cache", kv_cache), ("block_tables", block_tables), ("seq_lens", seq_lens)):
+            if not isinstance(t, _Tensor):
+                raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     batch_size = block_tables.shape[0] if block_tables.dim() >= 1 else 0
     if cum_seq_lens_q is not None:
         if query.dim() != 3:
@@ -238,6 +266,9 @@ def trtllm_batch_decode_with_kv_cache_mla(
             max_q_len = _validate_cum_seq_lens_q(cum_seq_lens_q, batch_size, query.shape[0])
     elif max_q_len is None:
         max_q_len = query.shape[1] if query.dim() == 4 else (query.shape[0] // max(batch_size, 1))
+
+    if (check_inputs is not None or _env._check_inputs) and _checks.wanted(check_inputs):
+        _checks.check_device_inputs(query, kv_cache, block_tables, seq_lens, cum_seq_lens_q, max_q_len, batch_size)
 
     if out is None:
         out = torch.empty(query.shape[:-1] + (KV_LORA_RANK,), dtype=torch.bfloat16, device=query.device)
@@ -314,35 +345,24 @@ def _launch(
     """The one launcher call, on checked and allocated arguments: the eager path of
     ``trtllm_batch_decode_with_kv_cache_mla`` and the CUDA kernel of ``torch.ops.jit_mla.mla_decode``
     (jit_mla/op.py) both end here, with the same arguments."""
-    get_launcher().trtllm_paged_attention_decode(
+    # The launcher's compact entry (15 arguments; trtllm_paged_attention_decode is FlashInfer's
+    # 28-argument form of the same call, for callers of the launcher itself).
+    get_launcher().mla_decode(
         out,
-        None,  # out_scale_factor: fp4 output not supported
+        lse,
         query,
         kv_cache,
-        kv_cache,  # one-copy latent cache: V is the first 512 columns of K
         workspace_buffer,
         block_tables,
         seq_lens,
-        max_q_len,
-        max_seq_len,
+        cum_seq_lens_q,
+        sinks,
         bmm1_scale,
         bmm2_scale,
-        -1.0,  # o_sf_scale
-        -1,  # o_sf_vec_size
-        0,  # o_sf_start_index
+        max_q_len,
         batch_size,
-        -1,  # window_left
-        0,  # sparse_mla_top_k: the public function refuses anything else
-        _sm_count(query.device) if query.is_cuda else 1,
+        _sm_count_of(query),
         True if enable_pdl is None else bool(enable_pdl),
-        workspace_buffer.numel() * workspace_buffer.element_size(),
-        sinks,
-        cum_seq_lens_q,
-        None,  # key_block_scales
-        None,  # value_block_scales
-        None,  # skip_softmax_threshold_scale_factor
-        True,  # uses_shared_paged_kv_idx
-        lse,
     )
 
 

@@ -151,7 +151,7 @@ def _next_call_report() -> str:
         else:
             lines.append(f"  cubin:    no kernels for {arch} (jit_mla has {', '.join(sorted(cubins.KERNEL_SOURCES))})")
     lines.append(
-        f"  kernels:  mla_sm90_plan, {attention_kernel(64)} for page sizes 8, 16, 32, 64 or multiples "
+        f"  kernels:  {attention_kernel(64)} for page sizes 8, 16, 32, 64 or multiples "
         f"of 64 (else {attention_kernel(24)}), mla_combine"
     )
     return "\n".join(lines)

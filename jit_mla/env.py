@@ -19,7 +19,8 @@ ENV_VARS: dict[str, str] = {
     "JIT_MLA_VERBOSE": "1 prints the compiler commands of every JIT build",
     "JIT_MLA_CUDA_ARCH_LIST": "archs to build for, comma or space separated: sm_90a, 9.0a or 90a "
     "(default: the current device's arch)",
-    "JIT_MLA_CHECK_INPUTS": "reserved for opt-in device-side input checks (page ids, lengths); not read yet",
+    "JIT_MLA_CHECK_INPUTS": "1 checks the values of device inputs (page ids, lengths, prefix sums) in "
+    "every eager call: one host sync per call (read at import; jit_mla.env.reload())",
     "JIT_MLA_LOCK_TIMEOUT": "seconds to wait for another process's build lock (default 900)",
     "CUDA_HOME": "CUDA toolkit root, the folder holding bin/nvcc (default: from nvcc on PATH)",
 }
@@ -150,6 +151,24 @@ def _user_name(uid: int) -> str:
 # --------------------------------------------------------------------------------------------
 # Flags
 # --------------------------------------------------------------------------------------------
+
+
+def _read_check_inputs() -> bool:
+    return os.environ.get("JIT_MLA_CHECK_INPUTS", "").strip().lower() in _TRUTHY
+
+
+# Read once: the public function consults it on every call, where os.environ costs ~0.3 µs.
+_check_inputs = _read_check_inputs()
+
+
+def check_inputs_enabled() -> bool:
+    return _check_inputs
+
+
+def reload() -> None:
+    """Read the variables that are cached at import (``JIT_MLA_CHECK_INPUTS``) again."""
+    global _check_inputs
+    _check_inputs = _read_check_inputs()
 
 
 def verbose() -> bool:

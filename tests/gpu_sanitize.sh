@@ -4,7 +4,8 @@
 #   bash tests/gpu_sanitize.sh            # all four tools
 #   bash tests/gpu_sanitize.sh racecheck  # only the named ones
 #
-# Cases (tests/test_mla_gpu.py, picked by -k on their parameter ids): B <= 16, short KV, both
+# Cases (tests/test_mla_gpu.py, picked by -k on their parameter ids; initcheck runs
+# tests/gpu_initcheck.py instead, whose cases put no PyTorch kernel on the GPU): B <= 16, short KV, both
 # kernel paths (page 64: TMA; page 1: cp.async, any page size), uniform and ragged, sinks, zero
 # lengths. The kernels are checked only where their names contain "mla_" (our four kernels), so
 # PyTorch's and cuBLAS's kernels (the reference) run uninstrumented and fast.
@@ -67,13 +68,20 @@ for tool in "${tools[@]}"; do
   esac
   log="$log_dir/$tool.log"
   start=$SECONDS
-  timeout -k 10 "$tool_timeout" "$san" --tool "$tool" --target-processes all --error-exitcode 99 \
-    "${filter[@]}" "${extra[@]}" \
-    python3 -m pytest -q -x -p no:cacheprovider tests/test_mla_gpu.py -k "$k_expr" >"$log" 2>&1
+  if [[ "$tool" == initcheck ]]; then
+    # Its own cases, with no PyTorch kernel on the GPU (see tests/gpu_initcheck.py): under pytest
+    # the uninstrumented reductions of the test itself read as uninitialized memory.
+    timeout -k 10 "$tool_timeout" "$san" --tool initcheck --target-processes all --error-exitcode 99 \
+      python3 tests/gpu_initcheck.py >"$log" 2>&1
+  else
+    timeout -k 10 "$tool_timeout" "$san" --tool "$tool" --target-processes all --error-exitcode 99 \
+      "${filter[@]}" "${extra[@]}" \
+      python3 -m pytest -q -x -p no:cacheprovider tests/test_mla_gpu.py -k "$k_expr" >"$log" 2>&1
+  fi
   rc=$?
   secs=$((SECONDS - start))
   errors="$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|LEAK SUMMARY' "$log" | tail -n 3 | tr '\n' ' ')"
-  tests="$(grep -E '^[0-9]+ (passed|failed|skipped|errors?|deselected)\b' "$log" | tail -n 1)"
+  tests="$(grep -E '^[0-9]+ (passed|failed|skipped|errors?|deselected)\b|initcheck cases passed' "$log" | tail -n 1)"
   case "$rc" in
     0) verdict="clean" ;;
     99) verdict="ERRORS REPORTED" ;;

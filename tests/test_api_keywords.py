@@ -30,9 +30,9 @@ class _Recorder:
     def __init__(self):
         self.calls = 0
 
-    def trtllm_paged_attention_decode(self, *args):
+    def mla_decode(self, *args):
         self.calls += 1
-        lse = args[-1]
+        lse = args[1]
         if lse is not None:
             lse.fill_(3.0)
             lse.view(-1)[0] = float("-inf")
@@ -56,7 +56,12 @@ def _call(**kw):
 
 
 def test_signature_follows_flashinfer_order():
-    assert list(inspect.signature(jit_mla.trtllm_batch_decode_with_kv_cache_mla).parameters) == FLASHINFER_PARAMS
+    params = inspect.signature(jit_mla.trtllm_batch_decode_with_kv_cache_mla).parameters
+    assert list(params)[: len(FLASHINFER_PARAMS)] == FLASHINFER_PARAMS
+    # Our own additions come after FlashInfer's, keyword-only, so positional calls are unchanged.
+    extras = list(params)[len(FLASHINFER_PARAMS):]
+    assert extras == ["check_inputs"]
+    assert all(params[n].kind is inspect.Parameter.KEYWORD_ONLY for n in extras)
 
 
 def test_defaults_are_accepted(recorder):

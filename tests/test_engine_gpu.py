@@ -367,13 +367,13 @@ class Bf16Array:
 
 
 def _record_launcher_args(monkeypatch, case, ws, out, lse, s1, s2) -> tuple:
-    """The 28 launcher arguments the public function hands over for this call."""
+    """The launcher arguments (its mla_decode entry) the public function hands over for this call."""
     from jit_mla import api
 
     recorded = []
 
     class Recorder:
-        def trtllm_paged_attention_decode(self, *args):
+        def mla_decode(self, *args):
             recorded.append(args)
 
     with monkeypatch.context() as m:
@@ -421,7 +421,7 @@ def test_launcher_takes_cupy_arrays(monkeypatch, layout):
     args = _record_launcher_args(monkeypatch, case, ws, out, lse, s1, s2)
     launcher = get_launcher()
 
-    launcher.trtllm_paged_attention_decode(*args)  # torch tensors: torch's current stream
+    launcher.mla_decode(*args)  # torch tensors: torch's current stream
     torch.cuda.synchronize()
     _check(case, out, lse, bmm2=0.5, sinks=case.sinks, label=f"torch args {layout}")
 
@@ -433,19 +433,19 @@ def test_launcher_takes_cupy_arrays(monkeypatch, layout):
     for how in ("default stream", "use_raw_stream"):
         cargs = _to_cupy(cp, args)
         cargs[0].arr.fill(0x7FC0)  # bf16 NaN bits: the CuPy call must write every element
-        cargs[27].fill(cp.nan)
+        cargs[1].fill(cp.nan)
         cp.cuda.Device().synchronize()
         if how == "default stream":
-            launcher.trtllm_paged_attention_decode(*cargs)
+            launcher.mla_decode(*cargs)
             cp.cuda.Device().synchronize()
         else:
             # The CuPy stream made current too: a CuPy that exports DLPack's C exchange API
             # hands tvm-ffi its current stream, one without it leaves the environment stream.
             stream = cp.cuda.Stream(non_blocking=True)
             with stream, tvm_ffi.use_raw_stream(dev, stream.ptr):
-                launcher.trtllm_paged_attention_decode(*cargs)
+                launcher.mla_decode(*cargs)
             stream.synchronize()
         c_out = _from_cupy(cp, cargs[0], out)
-        c_lse = _from_cupy(cp, cargs[27], lse)
+        c_lse = _from_cupy(cp, cargs[1], lse)
         assert torch.equal(c_out, out.cpu()), f"CuPy out differs from torch out ({how})"
         assert torch.equal(c_lse, lse.cpu()), f"CuPy lse differs from torch lse ({how})"

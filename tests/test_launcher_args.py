@@ -558,6 +558,47 @@ def test_fake_cuda_workspace_too_small(no_kernels, ragged):
     check_raises(lambda: call(no_kernels, args), RuntimeError, NO_KERNELS)
 
 
+# ---- the compact entry (mla_decode), which the Python wrapper calls --------------------------
+
+
+def compact(args: dict[str, Any], *, max_q_len: Any = "same", batch_size: Any = "same") -> tuple:
+    """mla_decode's 15 arguments from a trtllm-entry argument set."""
+    return (
+        args["out"], args["lse"], args["query"], args["key_cache"], args["workspace_buffer"],
+        args["block_tables"], args["seq_lens"], args["cum_seq_lens_q"], args["attention_sinks"],
+        args["bmm1_scale"], args["bmm2_scale"],
+        args["max_q_len"] if max_q_len == "same" else max_q_len,
+        args["batch_size"] if batch_size == "same" else batch_size,
+        args["sm_count"], args["enable_pdl"],
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("ragged", [False, True], ids=["uniform", "ragged"])
+def test_compact_entry_runs_the_same_checks(launcher, ragged):
+    args = baseline(ragged)
+    check_raises(lambda: launcher.mla_decode(*compact(args)), ValueError, NOT_CUDA)
+    # batch size and (uniform) max_q_len are derived when not given
+    derived = compact(args, batch_size=None, max_q_len=None if not ragged else args["max_q_len"])
+    check_raises(lambda: launcher.mla_decode(*derived), ValueError, NOT_CUDA)
+    args["seq_lens"] = args["seq_lens"].long()
+    check_raises(lambda: launcher.mla_decode(*compact(args)), TypeError, ("seq_lens must be int32", "int64"))
+
+
+def test_compact_entry_needs_max_q_len_with_cum_seq_lens_q(launcher):
+    args = baseline(ragged=True)
+    check_raises(lambda: launcher.mla_decode(*compact(args, max_q_len=None)), ValueError,
+                 ("max_q_len is required with cum_seq_lens_q",))
+
+
+@pytest.mark.parametrize("ragged", [False, True], ids=["uniform", "ragged"])
+def test_compact_entry_workspace_from_the_buffer(no_kernels, ragged):
+    args = fake_baseline(ragged)
+    need = args["workspace_size"]
+    args["workspace_buffer"] = fake_cuda(torch.zeros(need - 1, dtype=torch.uint8), 0)
+    check_raises(lambda: no_kernels.mla_decode(*compact(args)), ValueError,
+                 ("workspace_buffer is too small", f"needs {need} bytes", f"got workspace_size = {need - 1}"))
+
+
 # --------------------------------------------------------------------------------------------
 # workspace_size export and get_workspace_size
 # --------------------------------------------------------------------------------------------

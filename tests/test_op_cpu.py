@@ -263,7 +263,7 @@ class Recorder:
     def __init__(self):
         self.calls = []
 
-    def trtllm_paged_attention_decode(self, *args):
+    def mla_decode(self, *args):
         caller = inspect.stack()[2]  # [0] this method, [1] api._launch, [2] who called _launch
         self.calls.append((args, f"{caller.filename}:{caller.function}"))
 
@@ -276,7 +276,7 @@ def recorder(monkeypatch):
 
 
 def _same_arguments(a: tuple, b: tuple) -> None:
-    assert len(a) == len(b) == 28
+    assert len(a) == len(b) == 15
     for i, (x, y) in enumerate(zip(a, b)):
         if isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor):
             assert isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor), f"argument {i}"
@@ -313,7 +313,7 @@ def test_calling_the_op_directly_reaches_the_launcher(recorder):
     (launched, caller), = recorder.calls
     assert caller.endswith("op.py:mla_decode")
     assert launched[0] is args[0] or launched[0].data_ptr() == args[0].data_ptr()  # out
-    assert launched[10].data_ptr() == args[12].data_ptr()  # the tensor scale wins over the float
+    assert launched[9].data_ptr() == args[12].data_ptr()  # bmm1: the tensor scale wins over the float
 
 
 def _cpp_compiler() -> bool:
@@ -343,9 +343,9 @@ def test_inductor_hands_the_launcher_the_callers_buffers(recorder):
     (launched, caller), = recorder.calls
     assert caller.endswith("op.py:mla_decode")
     assert launched[0].data_ptr() == out.data_ptr()
-    assert launched[27].data_ptr() == lse.data_ptr()
-    assert launched[5].data_ptr() == d["workspace_buffer"].data_ptr()
-    assert launched[10].data_ptr() == s1.data_ptr()
+    assert launched[1].data_ptr() == lse.data_ptr()
+    assert launched[4].data_ptr() == d["workspace_buffer"].data_ptr()
+    assert launched[9].data_ptr() == s1.data_ptr()
 
 
 # --------------------------------------------------------------------------------------------

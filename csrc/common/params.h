@@ -33,6 +33,8 @@ struct MlaParams {
   const int* seq_lens;        // [B] int32: KV length including this step's query tokens
   const int* cum_q;           // [B+1] int32 prefix sums of query lengths, or null (uniform)
   int q_len;                  // uniform query length when cum_q is null
+  int total_q;                // query rows (tokens) in q: request ranges are clamped to it
+  int max_pages;              // block_tables.size(1): KV lengths are clamped to max_pages * page_size
   int batch;
   int num_heads;
   int page_size;

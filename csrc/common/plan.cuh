@@ -1,5 +1,8 @@
-// Split-KV planner: one CTA of kPlanThreads threads, run on the device from seq_lens (no host
-// sync, so it is safe inside CUDA-graph capture and independent of max_seq_len).
+// Split-KV planner, run on the device from seq_lens (no host sync, so it is safe inside CUDA-graph
+// capture and independent of max_seq_len). Every CTA of the attention kernel runs it in its
+// prologue (NT threads) instead of a planning kernel before it: one launch less per call (about
+// 3 us of host time); the plan is small (a few scans over B and the groups) and deterministic, so
+// all CTAs compute and write the same values to the workspace, which the combine kernel reads.
 //
 // Work order: groups (m_group 64-row units run side by side) request by request; group g costs
 // kUnitOverheadBlocks + its KV blocks. The total cost W is cut into equal ranges, one per CTA set
@@ -13,9 +16,12 @@
 
 namespace jit_mla {
 
-// Exclusive block-wide scan of one int64 per thread; returns the thread's prefix, *total the sum.
+// Exclusive block-wide scan of one int64 per thread (NT threads); returns the thread's prefix,
+// *total the sum.
+template <int NT>
 __device__ __forceinline__ long long block_exclusive_scan(long long v, long long* total) {
-  __shared__ long long s_warp[kPlanThreads / 32];
+  static_assert(NT % 32 == 0 && NT <= 1024, "whole warps, at most 32 of them");
+  __shared__ long long s_warp[NT / 32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   long long x = v;
 #pragma unroll
@@ -26,38 +32,41 @@ __device__ __forceinline__ long long block_exclusive_scan(long long v, long long
   if (lane == 31) s_warp[warp] = x;
   __syncthreads();
   if (warp == 0) {
-    long long w = lane < kPlanThreads / 32 ? s_warp[lane] : 0;
+    long long w = lane < NT / 32 ? s_warp[lane] : 0;
 #pragma unroll
     for (int d = 1; d < 32; d <<= 1) {
       const long long y = __shfl_up_sync(0xffffffffu, w, d);
       if (lane >= d) w += y;
     }
-    if (lane < kPlanThreads / 32) s_warp[lane] = w;  // inclusive warp totals
+    if (lane < NT / 32) s_warp[lane] = w;  // inclusive warp totals
   }
   __syncthreads();
   const long long warp_base = warp > 0 ? s_warp[warp - 1] : 0;
-  *total = s_warp[kPlanThreads / 32 - 1];
+  *total = s_warp[NT / 32 - 1];
   __syncthreads();  // s_warp is reused by the next scan
   return warp_base + x - v;
 }
 
+template <int NT>
 __device__ void plan_splits(const MlaParams& p) {
   const int tid = threadIdx.x;
   const int B = p.batch;
 
   // 1. group_prefix[b]: first group of request b. Each thread scans a contiguous chunk serially.
   {
-    const int chunk = (B + kPlanThreads - 1) / kPlanThreads;
+    const int chunk = (B + NT - 1) / NT;
     const int b0 = min(B, tid * chunk), b1 = min(B, b0 + chunk);
     long long local = 0;
     for (int b = b0; b < b1; ++b) local += request_num_groups(p, b);
     long long total;
-    long long run = block_exclusive_scan(local, &total);
+    long long run = block_exclusive_scan<NT>(local, &total);
+    // Valid prefix sums never exceed max_groups (the workspace's bound); overlapping ragged
+    // ranges (an invalid cum_seq_lens_q) could: their excess groups are dropped, not written.
     for (int b = b0; b < b1; ++b) {
-      p.group_prefix[b] = (int)run;
+      p.group_prefix[b] = (int)min(run, (long long)p.max_groups);
       run += request_num_groups(p, b);
     }
-    if (tid == 0) p.group_prefix[B] = (int)total;
+    if (tid == 0) p.group_prefix[B] = (int)min(total, (long long)p.max_groups);
   }
   __syncthreads();
   const int num_groups = p.group_prefix[B];
@@ -65,7 +74,7 @@ __device__ void plan_splits(const MlaParams& p) {
   // 2. cost_prefix[g+1] = cost of groups 0..g.
   long long W;
   {
-    const int chunk = (num_groups + kPlanThreads - 1) / kPlanThreads;
+    const int chunk = (num_groups + NT - 1) / NT;
     const int g0 = min(num_groups, tid * chunk), g1 = min(num_groups, g0 + chunk);
     long long local = 0;
     int b = g0 < g1 ? find_request(p, g0) : 0;
@@ -73,7 +82,7 @@ __device__ void plan_splits(const MlaParams& p) {
       while (p.group_prefix[b + 1] <= g) ++b;
       local += kUnitOverheadBlocks + group_num_blocks(p, b, g - p.group_prefix[b]);
     }
-    long long run = block_exclusive_scan(local, &W);
+    long long run = block_exclusive_scan<NT>(local, &W);
     b = g0 < g1 ? find_request(p, g0) : 0;
     for (int g = g0; g < g1; ++g) {
       while (p.group_prefix[b + 1] <= g) ++b;
@@ -98,7 +107,7 @@ __device__ void plan_splits(const MlaParams& p) {
     if (tid == 0) s_uniform = 1;
     __syncthreads();
     const long long first = num_groups > 0 ? p.cost_prefix[1] : 0;
-    for (int g = tid; g < num_groups; g += kPlanThreads)
+    for (int g = tid; g < num_groups; g += NT)
       if (p.cost_prefix[g + 1] - p.cost_prefix[g] != first) s_uniform = 0;
     __syncthreads();
     if (s_uniform && num_groups > S) {
@@ -110,7 +119,7 @@ __device__ void plan_splits(const MlaParams& p) {
       }
     }
   }
-  for (int s = tid; s <= S; s += kPlanThreads) {
+  for (int s = tid; s <= S; s += NT) {
     WorkPos pos{num_groups, 0};
     if (groups_per_set > 0) {
       pos = WorkPos{(int)min((long long)s * groups_per_set, (long long)num_groups), 0};
@@ -131,19 +140,26 @@ __device__ void plan_splits(const MlaParams& p) {
   __syncthreads();
 
   // 4. Groups split by at least one cut, listed once each (at their first cut) for the combine.
+  //    Boundaries 1..S-1, NT at a time (the loop bound is uniform: every thread scans).
   {
-    bool first_cut = false;
-    int group = 0;
-    if (tid >= 1 && tid < S) {
-      const WorkPos cur = p.bounds[tid], prev = p.bounds[tid - 1];
-      first_cut = cur.block > 0 && !(prev.group == cur.group && prev.block > 0);
-      group = cur.group;
+    long long listed = 0;
+    for (int base = 0; base < S; base += NT) {
+      const int s = base + tid;
+      bool first_cut = false;
+      int group = 0;
+      if (s >= 1 && s < S) {
+        const WorkPos cur = p.bounds[s], prev = p.bounds[s - 1];
+        first_cut = cur.block > 0 && !(prev.group == cur.group && prev.block > 0);
+        group = cur.group;
+      }
+      long long count;
+      const long long idx = block_exclusive_scan<NT>(first_cut ? 1 : 0, &count);
+      if (first_cut) p.split_groups[1 + listed + idx] = group;
+      listed += count;
     }
-    long long count;
-    const long long idx = block_exclusive_scan(first_cut ? 1 : 0, &count);
-    if (first_cut) p.split_groups[1 + idx] = group;
-    if (tid == 0) p.split_groups[0] = (int)count;
+    if (tid == 0) p.split_groups[0] = (int)listed;
   }
+  __syncthreads();  // the caller reads bounds and group_prefix next
 }
 
 }  // namespace jit_mla

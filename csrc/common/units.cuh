@@ -6,11 +6,25 @@
 
 namespace jit_mla {
 
+// Device data is never trusted for addressing (check_inputs=True reports bad values instead):
+// a request's query rows are clamped into [0, total_q) and its KV length into
+// [0, max_pages * page_size], so a wrong cum_seq_lens_q or seq_lens gives a wrong result for that
+// request but never an access outside q, out, lse or block_tables, nor unbounded work.
+__device__ __forceinline__ int clamp_q_row(const MlaParams& p, int x) {
+  return x < 0 ? 0 : (x > p.total_q ? p.total_q : x);
+}
 __device__ __forceinline__ int request_q_begin(const MlaParams& p, int b) {
-  return p.cum_q != nullptr ? p.cum_q[b] : b * p.q_len;
+  return p.cum_q != nullptr ? clamp_q_row(p, p.cum_q[b]) : b * p.q_len;
 }
 __device__ __forceinline__ int request_q_len(const MlaParams& p, int b) {
-  return p.cum_q != nullptr ? p.cum_q[b + 1] - p.cum_q[b] : p.q_len;
+  if (p.cum_q == nullptr) return p.q_len;
+  const int begin = clamp_q_row(p, p.cum_q[b]), end = clamp_q_row(p, p.cum_q[b + 1]);
+  return end > begin ? end - begin : 0;
+}
+__device__ __forceinline__ int request_kv_len(const MlaParams& p, int b) {
+  const long long cap = (long long)p.max_pages * p.page_size;
+  const int L = p.seq_lens[b];
+  return L < 0 ? 0 : (int)(L > cap ? cap : L);
 }
 __device__ __forceinline__ int request_num_units(const MlaParams& p, int b) {
   const long long rows = (long long)request_q_len(p, b) * p.num_heads;
@@ -38,7 +52,7 @@ __device__ __forceinline__ Unit make_unit(const MlaParams& p, int b, int m) {
   Unit u;
   u.b = b;
   u.q_len = request_q_len(p, b);
-  u.kv_len = p.seq_lens[b];
+  u.kv_len = request_kv_len(p, b);
   const int total_rows = u.q_len * p.num_heads;
   u.row0 = m * kBlockM;
   u.rows = min(kBlockM, total_rows - u.row0);

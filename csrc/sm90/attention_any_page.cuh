@@ -13,6 +13,7 @@
 
 #include "../common/device_utils.cuh"
 #include "../common/params.h"
+#include "../common/plan.cuh"
 #include "../common/units.cuh"
 #include "../config.h"
 #include "epilogue.cuh"
@@ -31,12 +32,11 @@ __device__ __forceinline__ void load_kv_tile(uint32_t sK, const MlaParams& p, co
   for (int pass = 0; pass < kBlockN / 32; ++pass) {
     const int r = (threadIdx.x >> 3) + 32 * pass;
     const int tok = block * kBlockN + r;
-    const bool valid = tok < kv_extent;
     const __nv_bfloat16* src = static_cast<const __nv_bfloat16*>(p.kv);
-    if (valid) {
-      const long long page = bt_row[tok / p.page_size];
-      src += page * p.kv_page_stride + (long long)(tok % p.page_size) * p.kv_row_stride;
-    }
+    // A page id outside the pool reads as zeros (as the TMA kernel's out-of-bounds boxes do).
+    const int page = tok < kv_extent ? bt_row[tok / p.page_size] : -1;
+    const bool valid = page >= 0 && page < p.num_pages;
+    if (valid) src += (long long)page * p.kv_page_stride + (long long)(tok % p.page_size) * p.kv_row_stride;
     src += chunk * 8;
     const uint32_t dst = sK + swizzled(r, chunk);
 #pragma unroll
@@ -65,9 +65,11 @@ __device__ void attention_any_page(const MlaParams& p) {
   const int wg = tid / 128, lane = tid & 31, q4 = lane & 3;
   const int r_a = 16 * ((tid % 128) / 32) + lane / 4, r_b = r_a + 8;
 
-  // The plan is written by the kernel launched just before this one.
+  // Nothing the previous kernel in the stream writes (inputs, or the previous call's combine
+  // still reading the workspace) may be touched before this wait (PDL).
   pdl_wait_primary();
   pdl_launch_dependents();
+  plan_splits<kNumThreads>(p);
   const CtaRange cr = cta_range(p);
   if (cr.group0 == cr.group_end) return;
 

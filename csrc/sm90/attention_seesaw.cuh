@@ -17,6 +17,7 @@
 
 #include "../common/device_utils.cuh"
 #include "../common/params.h"
+#include "../common/plan.cuh"
 #include "../common/units.cuh"
 #include "../config.h"
 #include "epilogue.cuh"
@@ -189,9 +190,11 @@ __device__ void attention_seesaw(const MlaParams& p) {
   }
   __syncthreads();
 
-  // The plan is written by the kernel launched just before this one.
+  // Nothing the previous kernel in the stream writes (inputs, or the previous call's combine
+  // still reading the workspace) may be touched before this wait (PDL).
   pdl_wait_primary();
   pdl_launch_dependents();
+  plan_splits<kNumThreads>(p);
   const CtaRange cr = cta_range(p);
   if (cr.group0 == cr.group_end) return;
 

@@ -1,0 +1,63 @@
+"""Cases for compute-sanitizer initcheck (run by tests/gpu_sanitize.sh; sm_90a GPU).
+
+initcheck flags device reads of memory nothing has written. Under pytest it drowns in false
+reports: the test's own PyTorch reductions run uninstrumented (the kernel filter keeps the run
+fast), so their results look unwritten when `.item()` copies them out. Here no PyTorch kernel runs
+on the GPU: inputs are made on the CPU and copied over (a copy initializes), outputs and the
+workspace are `torch.empty` (uninitialized on purpose: a kernel must write every row it owns and
+read only what it wrote), and results are copied back and checked on the CPU. Any report is ours.
+
+    compute-sanitizer --tool initcheck python3 tests/gpu_initcheck.py
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import jit_mla  # noqa: E402
+from mla_data import assert_close_fa3, make_case  # noqa: E402
+
+# (label, B, q_lens (int: uniform, list: ragged), H, page, kv_lens, sinks)
+CASES = [
+    ("uniform-tma", 3, 1, 16, 64, [1, 200, 1000], False),
+    ("uniform-q2-page1", 4, 2, 16, 1, [2, 9, 130, 700], False),
+    ("ragged-zero-len-sinks", 5, [2, 0, 3, 1, 0], 128, 32, [2, 0, 400, 77, 5], True),
+    ("split-long", 1, 1, 16, 64, [20000], False),
+    ("split-ragged-H128", 2, [1, 3], 128, 64, [9000, 15000], False),
+]
+
+
+def run(label, B, q_lens, H, page, kv_lens, sinks) -> None:
+    ragged = isinstance(q_lens, list)
+    cpu = make_case(B, q_lens, H, page, kv_lens, ragged=ragged, seed=11)
+    gpu = make_case(B, q_lens, H, page, kv_lens, ragged=ragged, seed=11, device="cuda")
+    total_q = gpu.query.shape[0] if ragged else B * q_lens
+    ws = torch.empty(jit_mla.get_workspace_size(B, H, total_q=total_q), dtype=torch.uint8, device="cuda")
+    out, lse = jit_mla.trtllm_batch_decode_with_kv_cache_mla(
+        gpu.query, gpu.kv_cache, ws, 128, 512, 64, gpu.block_tables, gpu.seq_lens, max(kv_lens),
+        bmm1_scale=gpu.bmm1_scale, sinks=gpu.sinks if sinks else None, return_lse=True,
+        cum_seq_lens_q=gpu.cum_seq_lens_q, max_q_len=gpu.max_q_len if ragged else None,
+    )  # fmt: skip
+    out_h, lse_h = out.cpu(), lse.cpu()  # copies of what our kernels wrote
+    kw = {"sinks": cpu.sinks} if sinks else {}
+    ref, ref_lse = cpu.reference(**kw)
+    ref_lowp, _ = cpu.reference(low_precision=True, **kw)
+    assert_close_fa3(out_h.float(), ref, ref_lowp, name=f"out {label}")
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse_h), finite), f"lse finiteness {label}"
+    assert float((lse_h[finite] - ref_lse[finite]).abs().max(initial=0.0)) < 2e-2, f"lse {label}"
+    print(f"ok {label}", flush=True)
+
+
+def main() -> None:
+    for case in CASES:
+        run(*case)
+    print(f"{len(CASES)} initcheck cases passed")
+
+
+if __name__ == "__main__":
+    main()
