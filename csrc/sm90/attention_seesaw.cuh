@@ -28,11 +28,7 @@
 
 namespace jit_mla::sm90 {
 
-// Named barriers (id 0 is __syncthreads). The first three span both warpgroups, and both sides
-// pass them with bar.sync: a producer passing with bar.arrive is also correct (the barrier orders
-// its earlier stores), but compute-sanitizer racecheck cannot see that ordering and reports every
-// hand-off as a hazard; with bar.sync on both sides it reports none, and on the H200 the kernel
-// was not slower (B128 kv8192 H128: 590 us against 646 us with bar.arrive).
+// Named barriers (id 0 is __syncthreads). The first three span both warpgroups.
 constexpr int kBarScale0 = 1;  // WG0 -> WG1: m0 and scale0 published
 constexpr int kBarScale1 = 2;  // WG1 -> WG0: m1, scale1 and P1 published
 constexpr int kBarP0 = 3;      // WG0 -> WG1: P0' (rescaled to m1) in box 8 of block b's stage
@@ -266,7 +262,7 @@ __device__ void attention_seesaw(const MlaParams& p) {
           ss.m[rw.r_a] = m0_a; ss.m[rw.r_b] = m0_b;
           ss.scale0[rw.r_a] = sc0_a; ss.scale0[rw.r_b] = sc0_b;
         }
-        named_barrier_sync(kBarScale0, kNumThreads);
+        named_barrier_arrive(kBarScale0, kNumThreads);
         if ((kb + 1) * kBlockN > kv_len) zero_v_tail(ss.kv[0], kv_len - kb * kBlockN, 0);
         pv_rs(o, s, sKV[0]);
 
@@ -277,7 +273,7 @@ __device__ void attention_seesaw(const MlaParams& p) {
         const float sc1_a = ss.scale1[rw.r_a], sc1_b = ss.scale1[rw.r_b];
         store_p(ss.kv[0] + 8 * kBoxBytes, s, rw, sc1_a, sc1_b);
         fence_proxy_async_smem();
-        named_barrier_sync(kBarP0, kNumThreads);
+        named_barrier_arrive(kBarP0, kNumThreads);
         wgmma_wait<0>();
         fence_regs(o);
         if (has2 && tw < 32) issue_kv_half(p, sKV[0], bar[0][0], kb + 2, 0, page, 0);
@@ -322,7 +318,7 @@ __device__ void attention_seesaw(const MlaParams& p) {
           ss.m[rw.r_a] = m1_a; ss.m[rw.r_b] = m1_b;
           ss.scale1[rw.r_a] = sc1_a; ss.scale1[rw.r_b] = sc1_b;
         }
-        named_barrier_sync(kBarScale1, kNumThreads);
+        named_barrier_arrive(kBarScale1, kNumThreads);
 
         // ---- O_R += P0' V_R(b) first: it frees block b's half for block b+2 sooner ----------
         named_barrier_sync(kBarP0, kNumThreads);
