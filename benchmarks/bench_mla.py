@@ -341,14 +341,20 @@ def summary_lines(result: dict) -> list[str]:
     h = result.get("host_overhead") or {}
     if "api_median_us" in h:
         parts = [f"api {h['api_median_us']:.1f} µs/call (median host time)"]
+        if h.get("api_idle_median_us") is not None:
+            parts.append(f"api on an idle GPU (sync before each call) {h['api_idle_median_us']:.1f} µs")
         if h.get("api_loop_us") is not None:
             parts.append(f"{h.get('calls', '?')}-call loop with one final sync {h['api_loop_us']:.1f} µs/call")
         if h.get("launcher_median_us") is not None:
             parts.append(f"launcher alone {h['launcher_median_us']:.1f} µs")
+        if h.get("launcher_idle_median_us") is not None:
+            parts.append(f"launcher alone, idle GPU {h['launcher_idle_median_us']:.1f} µs")
         if h.get("gpu_graph_us") is not None:
             parts.append(f"GPU time {h['gpu_graph_us']:.1f} µs")
         if h.get("flashinfer_run_median_us") is not None:
             parts.append(f"FlashInfer run() {h['flashinfer_run_median_us']:.1f} µs")
+        if h.get("flashinfer_run_idle_median_us") is not None:
+            parts.append(f"FlashInfer run(), idle GPU {h['flashinfer_run_idle_median_us']:.1f} µs")
         lines.append("host overhead (one-page call, eager): " + "; ".join(parts))
     elif h.get("error"):
         lines.append(f"host overhead: error {h['error']}")
@@ -663,12 +669,14 @@ class Bench:
         bursts = 5 if self.quick else 20
         res: dict = {"shape": shape.describe(), "calls": n_loop}
 
-        def host_median(fn: Callable[[], object]) -> float:
-            # Bursts of 100 calls, then a sync: the launch queue never fills, so a call's host time
-            # is the wrapper + FFI + launch cost, never a wait for the GPU.
+        def host_median(fn: Callable[[], object], burst: int = 100) -> float:
+            # Bursts of `burst` calls, then a sync: the launch queue never fills, so a call's host
+            # time is the wrapper + FFI + launch cost, never a wait for the GPU. burst=1 syncs
+            # before every call: the GPU is idle, the queue empty (this one-page call takes about
+            # as long on the GPU as on the host, so in bursts of 100 the queue grows).
             samples = []
-            for _ in range(bursts):
-                for _ in range(100):
+            for _ in range(bursts * 100 // burst):
+                for _ in range(burst):
                     t = time.perf_counter_ns()
                     fn()
                     samples.append(time.perf_counter_ns() - t)
@@ -684,6 +692,7 @@ class Bench:
         torch.cuda.synchronize()
         res["api_loop_us"] = (time.perf_counter_ns() - t0) / 1e3 / n_loop  # max(host, GPU) per call
         res["api_median_us"] = host_median(call)
+        res["api_idle_median_us"] = host_median(call, burst=1)
 
         # The launcher call alone: record the arguments the wrapper hands it, then call it directly.
         recorded: dict = {}
@@ -706,6 +715,7 @@ class Bench:
             fn = getattr(launcher, recorded["name"])
             args, kwargs = recorded["args"], recorded["kwargs"]
             res["launcher_median_us"] = host_median(lambda: fn(*args, **kwargs))
+            res["launcher_idle_median_us"] = host_median(lambda: fn(*args, **kwargs), burst=1)
         else:
             res["launcher_median_us"] = None
 
@@ -718,6 +728,7 @@ class Bench:
                     fi_calls[0]()
                 torch.cuda.synchronize()
                 res["flashinfer_run_median_us"] = host_median(fi_calls[0])
+                res["flashinfer_run_idle_median_us"] = host_median(fi_calls[0], burst=1)
             except Exception as e:  # noqa: BLE001 - reported, not fatal
                 res["flashinfer_run_error"] = f"{type(e).__name__}: {e}"
         del data

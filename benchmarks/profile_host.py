@@ -3,7 +3,8 @@
     python benchmarks/profile_host.py [--json PATH]
 
 Each line is the median host time of one call (bursts of 100 calls, then a sync, so the launch
-queue never fills and no call waits for the GPU), on a one-page shape (B 1, kv 64, H 16, q 1).
+queue never fills and no call waits for the GPU; the last lines repeat some with shorter bursts,
+down to 1: a sync before every call), on a one-page shape (B 1, kv 64, H 16, q 1).
 Differences between lines attribute the time:
 
     api (out given)         the public function as an engine calls it
@@ -33,10 +34,11 @@ from jit_mla import api
 from jit_mla.launcher import get_launcher
 
 
-def host_median(fn, bursts: int = 30) -> float:
+def host_median(fn, burst: int = 100, samples_wanted: int = 3000) -> float:
+    """Median host time of one call; `burst` calls between syncs (1: the GPU is idle at every call)."""
     samples = []
-    for _ in range(bursts):
-        for _ in range(100):
+    while len(samples) < samples_wanted:
+        for _ in range(burst):
             t = time.perf_counter_ns()
             fn()
             samples.append(time.perf_counter_ns() - t)
@@ -111,6 +113,14 @@ def main() -> None:
     for name, f in rows:
         result[name] = host_median(f)
         print(f"{name:34s} {result[name]:7.2f} us", flush=True)
+    # Does the depth of the launch queue matter? The one-page call takes ~12 us of GPU time, about
+    # its host time, so in bursts of 100 the queue grows; with bursts of 1 the GPU is idle.
+    for name, f in (("api (out given)", api_out), ("launcher", lambda: entry(*a_pdl)),
+                    ("x.zero_() (one torch launch)", small.zero_)):
+        for burst in (20, 5, 1):
+            key = f"{name}, bursts of {burst}"
+            result[key] = host_median(f, burst=burst, samples_wanted=2000)
+            print(f"{key:34s} {result[key]:7.2f} us", flush=True)
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(result, fh, indent=1)

@@ -49,7 +49,8 @@ def run(label, B, q_lens, H, page, kv_lens, sinks) -> None:
     assert_close_fa3(out_h.float(), ref, ref_lowp, name=f"out {label}")
     finite = torch.isfinite(ref_lse)
     assert torch.equal(torch.isfinite(lse_h), finite), f"lse finiteness {label}"
-    assert float((lse_h[finite] - ref_lse[finite]).abs().max(initial=0.0)) < 2e-2, f"lse {label}"
+    if bool(finite.any()):
+        assert float((lse_h[finite] - ref_lse[finite]).abs().max()) < 2e-2, f"lse {label}"
     print(f"ok {label}", flush=True)
 
 
