@@ -32,7 +32,6 @@ Scale = Union[float, torch.Tensor]
 # backend names accepted: ours, and FlashInfer's trtllm-gen whose contract this implements.
 _BACKENDS = ("auto", "jit_mla", "trtllm-gen")
 _sm_counts: dict[int, int] = {}
-_is_compiling = torch.compiler.is_compiling  # bound once: the hot path calls it on every step
 
 
 def _sm_count(device: torch.device) -> int:
@@ -279,7 +278,7 @@ def trtllm_batch_decode_with_kv_cache_mla(
     # ---- engine hook (jit_mla/op.py): under torch.compile / torch.export the launch is the
     # registered op torch.ops.jit_mla.mla_decode (traceable, CUDA-graph safe); eager calls go
     # straight to the launcher, skipping the dispatcher's few microseconds. Both run _launch.
-    if _is_compiling():
+    if torch.compiler.is_compiling():
         _op.mla_decode_traced(
             out, lse, query, kv_cache, workspace_buffer, block_tables, seq_lens, batch_size,
             max_q_len, max_seq_len, bmm1_scale, bmm2_scale, sinks, cum_seq_lens_q, enable_pdl)
@@ -362,7 +361,7 @@ def _launch(
         bmm2_scale,
         max_q_len,
         batch_size,
-        _sm_counts.get(query.get_device()) or _sm_count_of(query),
+        _sm_count_of(query),
         True if enable_pdl is None else bool(enable_pdl),
     )
 
