@@ -88,6 +88,24 @@ NOMINAL_CEILINGS = {"copy_tbps": 4.3, "read_tbps": 4.4, "matmul_tflops": 740.0}
 # =================================================================================================
 
 
+def host_median_us(fn: Callable[[], object], sync: Callable[[], object], samples: int, burst: int = 100) -> float:
+    """Median host time of one call of ``fn`` in µs, over ``samples`` calls.
+
+    Bursts of ``burst`` calls, then ``sync``: the launch queue never fills, so a call's host time
+    is its wrapper + FFI + launch cost, never a wait for the GPU. ``burst=1`` syncs before every
+    call: the GPU is idle, the queue empty (a one-page call takes about as long on the GPU as on
+    the host, so in bursts of 100 the queue grows).
+    """
+    times = []
+    while len(times) < samples:
+        for _ in range(burst):
+            t = time.perf_counter_ns()
+            fn()
+            times.append(time.perf_counter_ns() - t)
+        sync()
+    return statistics.median(times) / 1e3
+
+
 @dataclass(frozen=True)
 class Shape:
     """One benchmark case: per-request query and KV lengths, and the head count."""
@@ -670,18 +688,7 @@ class Bench:
         res: dict = {"shape": shape.describe(), "calls": n_loop}
 
         def host_median(fn: Callable[[], object], burst: int = 100) -> float:
-            # Bursts of `burst` calls, then a sync: the launch queue never fills, so a call's host
-            # time is the wrapper + FFI + launch cost, never a wait for the GPU. burst=1 syncs
-            # before every call: the GPU is idle, the queue empty (this one-page call takes about
-            # as long on the GPU as on the host, so in bursts of 100 the queue grows).
-            samples = []
-            for _ in range(bursts * 100 // burst):
-                for _ in range(burst):
-                    t = time.perf_counter_ns()
-                    fn()
-                    samples.append(time.perf_counter_ns() - t)
-                torch.cuda.synchronize()
-            return statistics.median(samples) / 1e3
+            return host_median_us(fn, torch.cuda.synchronize, bursts * 100, burst)
 
         for _ in range(50):
             call()

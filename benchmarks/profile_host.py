@@ -24,26 +24,18 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
-import time
 
 import torch
 
 import jit_mla
+from bench_mla import host_median_us  # benchmarks/ is on sys.path: this script's folder
 from jit_mla import api
 from jit_mla.launcher import get_launcher
 
 
 def host_median(fn, burst: int = 100, samples_wanted: int = 3000) -> float:
     """Median host time of one call; `burst` calls between syncs (1: the GPU is idle at every call)."""
-    samples = []
-    while len(samples) < samples_wanted:
-        for _ in range(burst):
-            t = time.perf_counter_ns()
-            fn()
-            samples.append(time.perf_counter_ns() - t)
-        torch.cuda.synchronize()
-    return statistics.median(samples) / 1e3
+    return host_median_us(fn, torch.cuda.synchronize, samples_wanted, burst)
 
 
 def main() -> None:

@@ -130,3 +130,10 @@ def test_report_from_json_without_a_gpu(bench, tmp_path, capsys):
     assert "flashinfer n/a: plan failed: test" in printed
     if importlib.util.find_spec("matplotlib") is not None:
         assert (tmp_path / "r.png").stat().st_size > 0
+
+
+def test_host_median_syncs_after_each_burst(bench):
+    calls, syncs = [], []
+    us = bench.host_median_us(lambda: calls.append(1), lambda: syncs.append(len(calls)), samples=30, burst=10)
+    assert len(calls) == 30 and syncs == [10, 20, 30]  # the queue is drained every `burst` calls
+    assert us >= 0.0

@@ -94,20 +94,8 @@ def test_wrong_dtypes_are_left_to_the_launcher():
 # ---- the switch -------------------------------------------------------------------------------
 
 
-class _Recorder:
-    def __init__(self):
-        self.calls = 0
-
-    def mla_decode(self, *args):
-        self.calls += 1
-
-
-@pytest.fixture
-def recorder(monkeypatch):
-    rec = _Recorder()
-    monkeypatch.setattr(api, "get_launcher", lambda: rec)
-    monkeypatch.setattr(api, "_sm_count", lambda device: 132)
-    return rec
+# The launcher replaced by a call counter (shared with the keyword tests).
+from test_api_keywords import recorder  # noqa: E402,F401 - a fixture
 
 
 def _api_call(case, **kw):
