@@ -405,6 +405,9 @@ void run_attention(TensorView out, Optional<TensorView> lse, TensorView query, T
     if (cum_seq_lens_q.has_value()) {
       check_shape(*cum_seq_lens_q, {batch_size + 1}, "cum_seq_lens_q");
       check_contiguous(*cum_seq_lens_q, "cum_seq_lens_q");
+      // No request to own them: the rows would be left unwritten.
+      MLA_CHECK(batch_size > 0 || total_q == 0, ValueError)
+          << "query has total_q = " << total_q << " rows but batch_size is 0, got query " << desc(query);
     } else {
       MLA_CHECK(batch_size > 0 ? total_q % batch_size == 0 : total_q == 0, ValueError)
           << "query [total_q, H, 576] without cum_seq_lens_q needs total_q divisible by batch_size = "
@@ -415,6 +418,10 @@ void run_attention(TensorView out, Optional<TensorView> lse, TensorView query, T
   MLA_CHECK(max_q_len >= 0, ValueError) << "max_q_len must be >= 0, got " << max_q_len;
   MLA_CHECK(total_q * num_heads < (int64_t(1) << 31), ValueError)
       << "query has total_q * H = " << total_q * num_heads << " rows; at most 2^31 - 1 are supported";
+  // The kernels count requests and 64-row units in int32 (with room for the CTA count).
+  MLA_CHECK(max_units_of(batch_size, total_q, num_heads) < (int64_t(1) << 31) - kMaxCtas, ValueError)
+      << "batch_size = " << batch_size << " with " << total_q << " query rows of " << num_heads
+      << " heads is too large: at most 2^31 - " << kMaxCtas << " work units are supported";
 
   std::vector<int64_t> out_shape = shape_of(query);
   out_shape.back() = kHeadDimV;
@@ -585,8 +592,8 @@ void trtllm_paged_attention_decode(
 
 // ---- entry 2: what jit_mla's Python wrapper calls on every step ---------------------------------
 // The same call with only the arguments that carry information (15 instead of 28: each argument
-// costs TVM-FFI some 50 ns to convert), batch size and max_q_len derived here when not given, the
-// workspace size taken from the buffer itself.
+// costs TVM-FFI some 50 ns to convert), the batch size derived here when not given, the workspace
+// size taken from the buffer itself.
 void mla_decode(TensorView out, Optional<TensorView> lse, TensorView query, TensorView kv_cache,
                 TensorView workspace_buffer, TensorView block_tables, TensorView seq_lens,
                 Optional<TensorView> cum_seq_lens_q, Optional<TensorView> sinks,
@@ -595,17 +602,8 @@ void mla_decode(TensorView out, Optional<TensorView> lse, TensorView query, Tens
                 bool enable_pdl) {
   const int64_t batch = batch_size.has_value() ? *batch_size
                         : block_tables.ndim() >= 1 ? block_tables.size(0) : 0;
-  int64_t q_max = 0;
-  if (max_q_len.has_value()) {
-    q_max = *max_q_len;
-  } else if (query.ndim() == 4) {
-    q_max = query.size(1);
-  } else if (batch > 0 && !cum_seq_lens_q.has_value()) {
-    q_max = query.size(0) / batch;
-  } else {
-    MLA_CHECK(!cum_seq_lens_q.has_value(), ValueError)
-        << "max_q_len is required with cum_seq_lens_q (the Python wrapper derives it on the host)";
-  }
+  // max_q_len is only validated (>= 0): the kernels take each request's length from the device.
+  const int64_t q_max = max_q_len.value_or(0);
   const int64_t ws_bytes = workspace_buffer.numel() * ((workspace_buffer.dtype().bits + 7) / 8);
   run_attention(out, lse, query, kv_cache, kv_cache, workspace_buffer, ws_bytes, block_tables,
                 seq_lens, cum_seq_lens_q, sinks, bmm1_scale, bmm2_scale, q_max, batch, sm_count,

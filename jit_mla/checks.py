@@ -76,6 +76,8 @@ def check_device_inputs(
         return
     if kv_cache.dim() not in (3, 4):
         return
+    if cum_seq_lens_q is None and query.dim() == 3 and query.shape[0] % batch_size:
+        return  # the launcher's shape error says more than a length check would
     num_pages, page_size = kv_cache.shape[0], kv_cache.shape[-2]
     max_pages = block_tables.shape[1]
     total_q = query.shape[0] if query.dim() == 3 else batch_size * query.shape[1]
@@ -89,9 +91,11 @@ def check_device_inputs(
         n = torch.full_like(seq, total_q // batch_size)
 
     # Each check: a bad-mask over some index space; its first bad index and the values to quote.
+    # (No host scalar may become a device tensor here: each such copy would sync the stream.)
     def first(bad: torch.Tensor) -> torch.Tensor:
         flat = bad.reshape(-1)
-        return torch.where(flat.any(), flat.to(torch.int8).argmax(), torch.tensor(-1, device=dev))
+        i = flat.to(torch.int8).argmax()  # the first True, or 0 when there is none
+        return torch.where(flat[i], i, -1)
 
     stats = []
     if cum is not None:
@@ -103,7 +107,7 @@ def check_device_inputs(
         used = torch.arange(max_pages, device=dev)[None, :] < pages_needed[:, None]  # [B, max_pages]
         stats.append(first(used & ((block_tables < 0) | (block_tables >= num_pages))))
     else:
-        stats.append(torch.tensor(-1, device=dev))
+        stats.append(torch.full((), -1, dtype=torch.int64, device=dev))
     host = torch.stack([s.to(torch.int64) for s in stats]).tolist()  # the one sync
 
     seq_host = lambda b: int(seq_lens[b])  # noqa: E731 - only on the error path

@@ -76,11 +76,15 @@ def _bad_inputs(case, kind: str):
         cum[2] = 0
         cum[3] = case.query.shape[0] + 50
         return dict(cum=cum), []
+    if kind == "cum-oversubscribed":  # three requests own all rows: more groups than the workspace
+        T = case.query.shape[0]  # holds (33 against max_groups = 11 * 128 / 64 + 6 = 28): the
+        cum = torch.tensor([0, T, 0, T, 0, T, T], dtype=torch.int32, device=DEV)  # planner caps
+        return dict(cum=cum), []
     raise AssertionError(kind)
 
 
 KINDS = [("page-past-pool", False), ("page-negative", True), ("seq-huge", False), ("seq-negative", True),
-         ("cum-overlap", True)]  # fmt: skip
+         ("cum-overlap", True), ("cum-oversubscribed", True)]  # fmt: skip
 
 
 @pytest.mark.parametrize("page", [64, 24], ids=["tma", "any-page"])
@@ -103,8 +107,17 @@ def test_bad_values_stay_contained(kind, ragged, page):
 def test_check_inputs_refuses_before_launch(kind, ragged):
     case = _case(64, ragged, seed=7)
     bad, _ = _bad_inputs(case, kind)
+    out = torch.full(tuple(case.query.shape[:-1]) + (512,), float("nan"), dtype=torch.bfloat16, device=DEV)
+    ws = torch.empty(jit_mla.get_workspace_size(B, H, total_q=case.query.shape[0] if ragged else B * 2),
+                     dtype=torch.uint8, device=DEV)
     with pytest.raises(jit_mla.InputCheckError):
-        _call(case, check_inputs=True, **bad)
+        jit_mla.trtllm_batch_decode_with_kv_cache_mla(
+            case.query, case.kv_cache, ws, 128, 512, 64, bad.get("block_tables", case.block_tables),
+            bad.get("seq_lens", case.seq_lens), max(KV_LENS), out=out, bmm1_scale=case.bmm1_scale,
+            cum_seq_lens_q=bad.get("cum", case.cum_seq_lens_q),
+            max_q_len=case.max_q_len if ragged else None, check_inputs=True)  # fmt: skip
+    torch.cuda.synchronize()
+    assert bool(out.isnan().all()), "a kernel ran after a failed check (out was written)"
     out, lse = _call(case, check_inputs=True)
     check_case(case, out, lse, label=f"checked, after {kind}")
 

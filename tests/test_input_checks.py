@@ -85,6 +85,12 @@ def test_bad_values_are_named(label, ragged, breaker, fragments):
     assert isinstance(info.value, ValueError)
 
 
+def test_non_dividing_uniform_rows_are_left_to_the_launcher():
+    case = _case(False)
+    q3 = case.query.reshape(-1, H, 576)[:-1]  # [7, H, 576] for B = 4: the launcher's shape error
+    checks.check_device_inputs(q3, case.kv_cache, case.block_tables, case.seq_lens, None, None, B)
+
+
 def test_wrong_dtypes_are_left_to_the_launcher():
     case = _case(False)
     # int64 tables: the checks step aside; the launcher names the dtype.

@@ -584,10 +584,19 @@ def test_compact_entry_runs_the_same_checks(launcher, ragged):
     check_raises(lambda: launcher.mla_decode(*compact(args)), TypeError, ("seq_lens must be int32", "int64"))
 
 
-def test_compact_entry_needs_max_q_len_with_cum_seq_lens_q(launcher):
+def test_compact_entry_without_max_q_len(launcher):
+    # The kernels read each request's length on the device: max_q_len is only a checked hint.
     args = baseline(ragged=True)
-    check_raises(lambda: launcher.mla_decode(*compact(args, max_q_len=None)), ValueError,
-                 ("max_q_len is required with cum_seq_lens_q",))
+    check_raises(lambda: launcher.mla_decode(*compact(args, max_q_len=None)), ValueError, NOT_CUDA)
+
+
+def test_ragged_rows_without_requests(launcher):
+    # batch 0 but query rows: nobody would write them (the uniform layout has its own check).
+    args = baseline(ragged=True)
+    args.update(batch_size=0, block_tables=args["block_tables"][:0], seq_lens=args["seq_lens"][:0],
+                cum_seq_lens_q=torch.zeros(1, dtype=I32))
+    check_raises(lambda: call(launcher, args), ValueError,
+                 (f"query has total_q = {TOTAL_Q} rows but batch_size is 0",))
 
 
 @pytest.mark.parametrize("ragged", [False, True], ids=["uniform", "ragged"])
