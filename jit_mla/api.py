@@ -267,7 +267,7 @@ def trtllm_batch_decode_with_kv_cache_mla(
     elif max_q_len is None:
         max_q_len = query.shape[1] if query.dim() == 4 else (query.shape[0] // max(batch_size, 1))
 
-    if (check_inputs is not None or _env._check_inputs) and _checks.wanted(check_inputs):
+    if (check_inputs is not None or _env._check_inputs) and _checks.wanted(check_inputs, query.device):
         _checks.check_device_inputs(query, kv_cache, block_tables, seq_lens, cum_seq_lens_q, max_q_len, batch_size)
 
     if out is None:

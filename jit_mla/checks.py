@@ -27,14 +27,15 @@ class InputCheckError(ValueError):
     """A device tensor holds a value outside the contract (found by the opt-in checks)."""
 
 
-def wanted(check_inputs: Optional[bool]) -> bool:
+def wanted(check_inputs: Optional[bool], device: Optional[torch.device] = None) -> bool:
     """Whether this call runs the checks: the argument if given, else ``JIT_MLA_CHECK_INPUTS``.
 
-    Raises RuntimeError for an explicit True where no host sync is possible.
+    ``device``: the query's; its current stream is the one a capture would be on. Raises
+    RuntimeError for an explicit True where no host sync is possible.
     """
     if check_inputs is None:
-        return env.check_inputs_enabled() and not _in_capture_or_compile()
-    if check_inputs and _in_capture_or_compile():
+        return env.check_inputs_enabled() and not _in_capture_or_compile(device)
+    if check_inputs and _in_capture_or_compile(device):
         raise RuntimeError(
             "check_inputs=True reads device values back to the host, which CUDA-graph capture and "
             "torch.compile forbid; run one eager call with the checks before capturing"
@@ -42,10 +43,13 @@ def wanted(check_inputs: Optional[bool]) -> bool:
     return bool(check_inputs)
 
 
-def _in_capture_or_compile() -> bool:
+def _in_capture_or_compile(device: Optional[torch.device]) -> bool:
     if torch.compiler.is_compiling():
         return True
-    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+    if device is None or device.type != "cuda" or not torch.cuda.is_available():
+        return False
+    with torch.cuda.device(device):
+        return torch.cuda.is_current_stream_capturing()
 
 
 def _usable(t: Optional[torch.Tensor], ndim: int, device: torch.device) -> bool:
