@@ -419,7 +419,8 @@ void run_attention(TensorView out, Optional<TensorView> lse, TensorView query, T
   MLA_CHECK(total_q * num_heads < (int64_t(1) << 31), ValueError)
       << "query has total_q * H = " << total_q * num_heads << " rows; at most 2^31 - 1 are supported";
   // The kernels count requests and 64-row units in int32 (with room for the CTA count).
-  MLA_CHECK(max_units_of(batch_size, total_q, num_heads) < (int64_t(1) << 31) - kMaxCtas, ValueError)
+  const int64_t max_units = max_units_of(batch_size, total_q, num_heads);
+  MLA_CHECK(max_units < (int64_t(1) << 31) - kMaxCtas, ValueError)
       << "batch_size = " << batch_size << " with " << total_q << " query rows of " << num_heads
       << " heads is too large: at most 2^31 - " << kMaxCtas << " work units are supported";
 
@@ -536,7 +537,7 @@ void run_attention(TensorView out, Optional<TensorView> lse, TensorView query, T
   p.split_groups = reinterpret_cast<int*>(ws_base + ws.split_groups);
   p.partial_lse = reinterpret_cast<float*>(ws_base + ws.partial_lse);
   p.partial_o = reinterpret_cast<float*>(ws_base + ws.partial_o);
-  p.max_groups = static_cast<int>(max_units_of(batch_size, total_q, num_heads));
+  p.max_groups = static_cast<int>(max_units);
   const CtaPlan ctas = cta_plan(num_heads, sm_count);
   p.m_group = ctas.m_group;
   p.num_ctas = ctas.num_ctas;

@@ -156,20 +156,21 @@ def test_private_dirs_of_our_own_are_accepted(tmp_path, monkeypatch):
 # --------------------------------------------------------------------------------------------
 
 
+def assert_refused_by_both(probe, *fragments: str) -> None:
+    """env.cache_dir() and a build both raise JitError whose message names every fragment."""
+    for call in (env.cache_dir, lambda: jit.build_and_load(probe)):
+        with pytest.raises(JitError) as info:
+            call()
+        assert_names(str(info.value), *fragments)
+
+
 def test_cache_dir_owned_by_another_user_is_refused(tmp_path, probe):
     cache = tmp_path / "cache"
     cache.mkdir(mode=0o700)
     chown_to_another_user(cache)
-    for call in (env.cache_dir, lambda: jit.build_and_load(probe)):
-        with pytest.raises(JitError) as info:
-            call()
-        assert_names(
-            str(info.value),
-            f"cache dir {cache}",
-            "JIT_MLA_CACHE_DIR",
-            f"owned by uid {OTHER_UID}",
-            f"expected uid {os.geteuid()}",
-        )
+    assert_refused_by_both(
+        probe, f"cache dir {cache}", "JIT_MLA_CACHE_DIR", f"owned by uid {OTHER_UID}",
+        f"expected uid {os.geteuid()}")  # fmt: skip
     assert list(cache.iterdir()) == [], "nothing may be written into a refused cache dir"
 
 
@@ -180,17 +181,9 @@ def test_cache_dir_writable_by_others_is_refused(tmp_path, probe, bad_mode, who)
     cache = tmp_path / "cache"
     cache.mkdir()
     cache.chmod(bad_mode)
-    for call in (env.cache_dir, lambda: jit.build_and_load(probe)):
-        with pytest.raises(JitError) as info:
-            call()
-        assert_names(
-            str(info.value),
-            f"cache dir {cache}",
-            "JIT_MLA_CACHE_DIR",
-            f"has mode {bad_mode:04o}, writable by {who}",
-            "expected no group or other write permission",
-            "0700",
-        )
+    assert_refused_by_both(
+        probe, f"cache dir {cache}", "JIT_MLA_CACHE_DIR", f"has mode {bad_mode:04o}, writable by {who}",
+        "expected no group or other write permission", "0700")  # fmt: skip
     assert list(cache.iterdir()) == []
 
 
