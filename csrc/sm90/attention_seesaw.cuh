@@ -10,8 +10,9 @@
 // smem; WG0 republishes its P rescaled to WG1's new max (P0' = P0 * scale1), so both halves end each
 // pair relative to the same max m1.
 //
-// KV tiles arrive by TMA in two halves (boxes 0-3 = V_L; boxes 4-8 = V_R + rope), each with its
-// own mbarrier, and a half is refilled with block b+2 / b+3 as soon as its last reader is done.
+// KV tiles arrive by TMA in two halves (boxes 0-3 = V_L; boxes 4-8 = V_R + rope), one mbarrier per
+// 8 KB box so QK^T starts on the first box that lands, and a half is refilled with block b+2 / b+3
+// as soon as its last reader is done.
 #pragma once
 #include <cuda_bf16.h>
 
@@ -28,11 +29,38 @@
 
 namespace jit_mla::sm90 {
 
-// Named barriers (id 0 is __syncthreads). The first three span both warpgroups.
-constexpr int kBarScale0 = 1;  // WG0 -> WG1: m0 and scale0 published
-constexpr int kBarScale1 = 2;  // WG1 -> WG0: m1, scale1 and P1 published
-constexpr int kBarP0 = 3;      // WG0 -> WG1: P0' (rescaled to m1) in box 8 of block b's stage
-constexpr int kBarWg = 4;      // +wg, 128 threads: one warpgroup's smem stores before its wgmma
+// Hand-offs between the warpgroups: mbarriers in smem (ss.hand), 128 arrivals each (every thread
+// of the producing warpgroup, release), waited on by the other warpgroup (acquire). Each completes
+// exactly once per block pair, so its phase parity is the pair count's. Not named barriers with
+// bar.arrive on the producer side: compute-sanitizer racecheck does not see bar.arrive as ordering
+// and reports every hand-off as a hazard, and bar.sync on both sides would make the producer wait.
+constexpr int kHandScale0 = 0;  // WG0 -> WG1: m0 and scale0 published
+constexpr int kHandScale1 = 1;  // WG1 -> WG0: m1 and scale1 published
+constexpr int kHandP1 = 2;      // WG1 -> WG0: P1 in sP1
+constexpr int kHandP0 = 3;      // WG0 -> WG1: P0' (rescaled to m1) in box 8 of block b's stage
+constexpr int kNumHand = 4;
+// Named barrier (id 0 is __syncthreads): +wg, 128 threads, one warpgroup's smem stores before its
+// own wgmma reads them.
+constexpr int kBarWg = 1;
+
+// Timing probes (benchmarks/probe_seesaw.py builds them; the shipped cubin has 0): bit 0 drops
+// every KV load (no TMA, no waits: the math runs on whatever the stages hold), bit 1 drops the
+// softmax arithmetic (mask, max, exps).
+#ifndef JIT_MLA_PROBE
+#define JIT_MLA_PROBE 0
+#endif
+constexpr int kProbe = JIT_MLA_PROBE;
+constexpr bool kProbeNoLoads = (kProbe & 1) != 0;
+constexpr bool kProbeNoSoftmax = (kProbe & 2) != 0;
+// KV is read by the (at most two) CTAs of a group close together in time and never again in this
+// call: loading it with an L2 evict-first policy keeps Q, the block tables and the partner's lines
+// (measured: B64 kv8192 H16 202 -> 191 µs, B8 kv4096 H128 52 -> 49 µs).
+constexpr bool kEvictFirst = true;
+
+// Wait for a TMA half to land (a no-op in the no-loads probe).
+__device__ __forceinline__ void kv_wait(uint32_t bar, uint32_t parity) {
+  if constexpr (!kProbeNoLoads) mbar_wait(bar, parity);
+}
 
 // A running max that is finite: fully masked rows stay at it and give 2^(-inf - m) = 0 with
 // scale 2^(m - m) = 1, never NaN.
@@ -48,20 +76,34 @@ __device__ __forceinline__ int chunk_page(const MlaParams& p, const int* bt_row,
 }
 
 // Warp-collective: one half of KV block `block` -> a stage, by TMA. Half 0: boxes 0-3 (V columns
-// 0-255); half 1: boxes 4-8 (V columns 256-511 and the rope part). Lane lane0 + c issues chunk c
-// with the page id it holds in `page` (loaded long before, so no lane waits on the block table
-// here: the next wgmma of the warpgroup would wait for it).
-__device__ __forceinline__ void issue_kv_half(const MlaParams& p, uint32_t stage, uint32_t bar, int block,
+// 0-255); half 1: boxes 4-8 (V columns 256-511 and the rope part). Box bx completes on mbarrier
+// bars + 8 bx. Lane lane0 + c issues chunk c with the page id it holds in `page` (loaded long
+// before, so no lane waits on the block table here: the next wgmma of the warpgroup would wait).
+__device__ __forceinline__ void issue_kv_half(const MlaParams& p, uint32_t stage, uint32_t bars, int block,
                                               int half, int page, int lane0) {
+  if constexpr (kProbeNoLoads) return;
   const int lane = threadIdx.x & 31, box0 = half == 0 ? 0 : 4, nbox = half == 0 ? 4 : 5;
   const int c = lane - lane0;
-  if (lane == 0) mbar_arrive_expect_tx(bar, nbox * kBoxBytes);
+  if (lane == 0)
+    for (int bx = box0; bx < box0 + nbox; ++bx) mbar_arrive_expect_tx(bars + 8 * bx, kBoxBytes);
   if (c >= 0 && c < kBlockN / p.kv_box_rows) {
     const int r0 = c * p.kv_box_rows;
     const int row = (block * kBlockN + r0) % p.page_size;
-    for (int bx = box0; bx < box0 + nbox; ++bx)
-      tma_load_3d(stage + bx * kBoxBytes + r0 * 128, &p.kv_tmap, bar, bx * kBoxCols, row, page);
+    [[maybe_unused]] uint64_t policy = 0;
+    if constexpr (kEvictFirst) policy = createpolicy_evict_first();
+    for (int bx = box0; bx < box0 + nbox; ++bx) {
+      if constexpr (kEvictFirst)
+        tma_load_3d_hint(stage + bx * kBoxBytes + r0 * 128, &p.kv_tmap, bars + 8 * bx, bx * kBoxCols, row, page,
+                         policy);
+      else
+        tma_load_3d(stage + bx * kBoxBytes + r0 * 128, &p.kv_tmap, bars + 8 * bx, bx * kBoxCols, row, page);
+    }
   }
+}
+
+// Wait for boxes [b0, b1) of a stage (their mbarriers at bars + 8 bx).
+__device__ __forceinline__ void kv_wait_boxes(uint32_t bars, int b0, int b1, uint32_t parity) {
+  for (int bx = b0; bx < b1; ++bx) kv_wait(bars + 8 * bx, parity);
 }
 
 // Zero V rows [first_row, 64) of this warpgroup's four V boxes (4wg .. 4wg+3) of a stage: a page's
@@ -77,21 +119,34 @@ __device__ __forceinline__ void zero_v_tail(uint8_t* stage, int first_row, int w
   named_barrier_sync(kBarWg + wg, 128);
 }
 
-// S = Q K^T for one 64-token block: (64 x 64) fp32, waiting for each KV half as it is needed.
-__device__ __forceinline__ void qk_block(float (&s)[32], uint32_t sQ, uint32_t stage, uint32_t bar0,
-                                         uint32_t bar1, uint32_t parity) {
-  mbar_wait(bar0, parity);
-  wgmma_fence();
+// S (+)= Q K^T over boxes [kB0, kB1) of one 64-token block (4 k-steps of 16 columns per box),
+// waiting for each box as it is needed. kFirst: the first k-step overwrites S.
+template <int kB0, int kB1, bool kFirst>
+__device__ __forceinline__ void qk_boxes(float (&s)[32], uint32_t sQ, uint32_t stage, uint32_t bars,
+                                         uint32_t parity) {
 #pragma unroll
-  for (int kk = 0; kk < 16; ++kk) {
-    const uint32_t koff = (kk / 4) * kBoxBytes + (kk % 4) * 32;
-    wgmma_m64n64k16_ss(s, make_smem_desc(sQ + koff, 16, 1024), make_smem_desc(stage + koff, 16, 1024), kk > 0);
+  for (int bx = kB0; bx < kB1; ++bx) {
+    kv_wait(bars + 8 * bx, parity);
+#pragma unroll
+    for (int kk = 4 * bx; kk < 4 * bx + 4; ++kk) {
+      const uint32_t koff = (kk / 4) * kBoxBytes + (kk % 4) * 32;
+      wgmma_m64n64k16_ss(s, make_smem_desc(sQ + koff, 16, 1024), make_smem_desc(stage + koff, 16, 1024),
+                         kFirst && kk == 4 * kB0 ? 0 : 1);
+    }
   }
-  mbar_wait(bar1, parity);
-#pragma unroll
-  for (int kk = 16; kk < kHeadDimQK / 16; ++kk) {
-    const uint32_t koff = (kk / 4) * kBoxBytes + (kk % 4) * 32;
-    wgmma_m64n64k16_ss(s, make_smem_desc(sQ + koff, 16, 1024), make_smem_desc(stage + koff, 16, 1024), 1);
+}
+
+// S = Q K^T for one 64-token block: (64 x 64) fp32. kHalf1First: start on half 1 (boxes 4-8).
+// Each warpgroup starts on the half it refilled itself, which was issued first.
+template <bool kHalf1First>
+__device__ __forceinline__ void qk_block(float (&s)[32], uint32_t sQ, uint32_t stage, uint32_t bars,
+                                         uint32_t parity) {
+  wgmma_fence();
+  if (kHalf1First) {
+    qk_boxes<4, kNumBoxesQK, true>(s, sQ, stage, bars, parity);
+    qk_boxes<0, 4, false>(s, sQ, stage, bars, parity);
+  } else {
+    qk_boxes<0, kNumBoxesQK, true>(s, sQ, stage, bars, parity);
   }
   wgmma_commit();
   wgmma_wait<0>();
@@ -104,8 +159,49 @@ struct Rows {
   int r_a, r_b, q4;
 };
 
+// Scale S to the log2 domain in place, masking tokens at or past each row's limit, and return the
+// rows' maxima (over the quad). Only blocks that reach a limit pay for the mask: a thread's two
+// rows need none when the whole block [blk0, blk0 + 64) lies below both limits.
+__device__ __forceinline__ void block_max(float (&s)[32], int blk0, int q4, int lim_a, int lim_b,
+                                          float scale_log2, float& mx_a, float& mx_b) {
+  if constexpr (kProbeNoSoftmax) {
+    mx_a = mx_b = 0.f;
+    return;
+  }
+  mx_a = -INFINITY;
+  mx_b = -INFINITY;
+  if (blk0 + kBlockN <= min(lim_a, lim_b)) {
+#pragma unroll
+    for (int t = 0; t < 8; ++t) {
+      s[4 * t + 0] *= scale_log2; s[4 * t + 1] *= scale_log2;
+      s[4 * t + 2] *= scale_log2; s[4 * t + 3] *= scale_log2;
+      mx_a = fmaxf(mx_a, fmaxf(s[4 * t + 0], s[4 * t + 1]));
+      mx_b = fmaxf(mx_b, fmaxf(s[4 * t + 2], s[4 * t + 3]));
+    }
+  } else {
+#pragma unroll
+    for (int t = 0; t < 8; ++t) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int tok = blk0 + 2 * q4 + 8 * t + (e & 1);
+        float& x = s[4 * t + e];
+        x = tok < (e < 2 ? lim_a : lim_b) ? x * scale_log2 : -INFINITY;
+      }
+      mx_a = fmaxf(mx_a, fmaxf(s[4 * t + 0], s[4 * t + 1]));
+      mx_b = fmaxf(mx_b, fmaxf(s[4 * t + 2], s[4 * t + 3]));
+    }
+  }
+  // The shuffles stay outside the branch: lanes of one warp may take different sides of it.
+  mx_a = quad_max(mx_a);
+  mx_b = quad_max(mx_b);
+}
+
 // P = 2^(t - m) in place; returns this thread's row sums.
 __device__ __forceinline__ void exp_rows(float (&s)[32], float m_a, float m_b, float& sum_a, float& sum_b) {
+  if constexpr (kProbeNoSoftmax) {
+    sum_a = sum_b = 1.f;
+    return;
+  }
   sum_a = 0.f;
   sum_b = 0.f;
 #pragma unroll
@@ -129,7 +225,10 @@ __device__ __forceinline__ void store_p(uint8_t* box, const float (&s)[32], cons
   }
 }
 
+// O *= per-row factors; skipped when they are 1 for the whole warp (the running max did not grow
+// in any of its rows, the common case once a request's first blocks are done): exact either way.
 __device__ __forceinline__ void scale_o(float (&o)[128], float f_a, float f_b) {
+  if (!__any_sync(0xffffffffu, f_a != 1.f || f_b != 1.f)) return;
 #pragma unroll
   for (int t = 0; t < 32; ++t) {
     o[4 * t + 0] *= f_a; o[4 * t + 1] *= f_a;
@@ -171,11 +270,8 @@ __device__ void attention_seesaw(const MlaParams& p) {
   SeesawSmem& ss = *reinterpret_cast<SeesawSmem*>(smem_raw + ((1024 - (raw_addr & 1023)) & 1023));
   const uint32_t sQ = smem_u32(ss.q), sP1 = smem_u32(ss.p1);
   const uint32_t sKV[2] = {smem_u32(ss.kv[0]), smem_u32(ss.kv[1])};
-  uint32_t bar[2][2];
-#pragma unroll
-  for (int st = 0; st < 2; ++st)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) bar[st][h] = smem_u32(&ss.bar[st][h]);
+  const uint32_t bars[2] = {smem_u32(&ss.bar[0][0]), smem_u32(&ss.bar[1][0])};  // box bx: + 8 bx
+  const uint32_t hand0 = smem_u32(&ss.hand[0]);  // hand-off i: hand0 + 8 i
 
   const int tid = threadIdx.x, tw = tid % 128, lane = tid & 31;
   // Broadcast from lane 0 so the compiler sees a warp-uniform value: wgmma under a branch on it
@@ -185,7 +281,8 @@ __device__ void attention_seesaw(const MlaParams& p) {
 
   if (tid == 0) {
     for (int st = 0; st < 2; ++st)
-      for (int h = 0; h < 2; ++h) mbar_init(bar[st][h], 1);
+      for (int bx = 0; bx < kNumBoxesQK; ++bx) mbar_init(bars[st] + 8 * bx, 1);
+    for (int i = 0; i < kNumHand; ++i) mbar_init(hand0 + 8 * i, kNumThreads / kNumWarpgroups);
     fence_mbar_init();
   }
   __syncthreads();
@@ -201,6 +298,7 @@ __device__ void attention_seesaw(const MlaParams& p) {
   const float scale_log2 = load_scale(p.bmm1_scale_ptr, p.bmm1_scale) * kLog2e;
   const float bmm2 = load_scale(p.bmm2_scale_ptr, p.bmm2_scale);
   uint32_t loads[2] = {0, 0};  // blocks loaded into each stage so far: the mbarrier phase count
+  uint32_t pairs = 0;          // block pairs done so far: the hand-offs' phase count
 
   for (int grp = cr.group0; grp < cr.group_end; ++grp) {
     const UnitWork w = unit_work(p, grp, cr.lane_m, cr.beg, cr.end);
@@ -214,11 +312,11 @@ __device__ void attention_seesaw(const MlaParams& p) {
     if (tid < 32 && kb0 < kb1) {
       // Lanes 0-7 hold block kb0's chunk pages, lanes 8-15 block kb0+1's.
       const int page = lane < 16 ? chunk_page(p, bt_row, kb0 + (lane >> 3), lane & 7, kv_len) : p.num_pages;
-      issue_kv_half(p, sKV[0], bar[0][0], kb0, 0, page, 0);
-      issue_kv_half(p, sKV[0], bar[0][1], kb0, 1, page, 0);
+      issue_kv_half(p, sKV[0], bars[0], kb0, 0, page, 0);
+      issue_kv_half(p, sKV[0], bars[0], kb0, 1, page, 0);
       if (kb0 + 1 < kb1) {
-        issue_kv_half(p, sKV[1], bar[1][0], kb0 + 1, 0, page, 8);
-        issue_kv_half(p, sKV[1], bar[1][1], kb0 + 1, 1, page, 8);
+        issue_kv_half(p, sKV[1], bars[1], kb0 + 1, 1, page, 8);
+        issue_kv_half(p, sKV[1], bars[1], kb0 + 1, 0, page, 8);
       }
     }
     if (kb0 < kb1) load_q_tile(sQ, p, unit.q_row_base, unit.rows);
@@ -234,13 +332,13 @@ __device__ void attention_seesaw(const MlaParams& p) {
     float l_a = 0.f, l_b = 0.f;  // this thread's row sums of its own blocks' P
     float s[32];
     if (kb0 < kb1) {
-      if (wg == 0) qk_block(s, sQ, sKV[0], bar[0][0], bar[0][1], loads[0] & 1);
-      else if (kb0 + 1 < kb1) qk_block(s, sQ, sKV[1], bar[1][0], bar[1][1], loads[1] & 1);
+      if (wg == 0) qk_block<false>(s, sQ, sKV[0], bars[0], loads[0] & 1);
+      else if (kb0 + 1 < kb1) qk_block<true>(s, sQ, sKV[1], bars[1], loads[1] & 1);
     }
 
     for (int kb = kb0; kb < kb1; kb += 2) {
       const bool has1 = kb + 1 < kb1, has2 = kb + 2 < kb1, has3 = kb + 3 < kb1;
-      const uint32_t par0 = loads[0] & 1, par1 = loads[1] & 1;
+      const uint32_t par0 = loads[0] & 1, par1 = loads[1] & 1, hpar = pairs & 1;
       // Warp 0 of each warpgroup issues this pair's refills: lanes 0-7 hold block kb+2's chunk
       // pages, lanes 8-15 block kb+3's; loaded now, used after a softmax and a PV.
       int page = p.num_pages;
@@ -248,60 +346,85 @@ __device__ void attention_seesaw(const MlaParams& p) {
       if (wg == 0) {
         // ---- block kb: softmax against the running max m, O_L += P0 V_L -------------------
         float mx_a, mx_b;
-        mask_scale(s, kb * kBlockN + 2 * rw.q4, lim_a, lim_b, scale_log2, mx_a, mx_b);
+        block_max(s, kb * kBlockN, rw.q4, lim_a, lim_b, scale_log2, mx_a, mx_b);
         const float mp_a = ss.m[rw.r_a], mp_b = ss.m[rw.r_b];
         const float m0_a = fmaxf(mp_a, mx_a), m0_b = fmaxf(mp_b, mx_b);
         const float sc0_a = exp2_approx(mp_a - m0_a), sc0_b = exp2_approx(mp_b - m0_b);
-        float sum_a, sum_b;
-        exp_rows(s, m0_a, m0_b, sum_a, sum_b);
-        l_a = l_a * sc0_a + sum_a;
-        l_b = l_b * sc0_b + sum_b;
-        scale_o(o, sc0_a, sc0_b);
+        // WG1's softmax needs only m0: publish it before the exps.
         __syncwarp();  // every lane of the quad has read m before lane 0 overwrites it
         if (rw.q4 == 0) {
           ss.m[rw.r_a] = m0_a; ss.m[rw.r_b] = m0_b;
           ss.scale0[rw.r_a] = sc0_a; ss.scale0[rw.r_b] = sc0_b;
         }
-        named_barrier_arrive(kBarScale0, kNumThreads);
+        mbar_arrive(hand0 + 8 * kHandScale0);
+        float sum_a, sum_b;
+        exp_rows(s, m0_a, m0_b, sum_a, sum_b);
+        l_a = l_a * sc0_a + sum_a;
+        l_b = l_b * sc0_b + sum_b;
+        scale_o(o, sc0_a, sc0_b);
         if ((kb + 1) * kBlockN > kv_len) zero_v_tail(ss.kv[0], kv_len - kb * kBlockN, 0);
         pv_rs(o, s, sKV[0]);
+        // V_L(b) has no reader after this PV: refill it with block b+2 now, not after WG1's
+        // softmax (the wait below would wait for this PV anyway).
+        wgmma_wait<0>();
+        fence_regs(o);
+        if (has2 && tw < 32) issue_kv_half(p, sKV[0], bars[0], kb + 2, 0, page, 0);
 
         // ---- WG1's max is in: rescale to it, hand P0' to WG1, O_L += P1 V_L(b+1) ---------
-        named_barrier_sync(kBarScale1, kNumThreads);
-        // P0' comes from the fp32 copy in s, which the in-flight PV does not read (its A operand
-        // is the packed bf16 copy): hand it to WG1 before waiting for that PV.
+        mbar_wait(hand0 + 8 * kHandScale1, hpar);
         const float sc1_a = ss.scale1[rw.r_a], sc1_b = ss.scale1[rw.r_b];
         store_p(ss.kv[0] + 8 * kBoxBytes, s, rw, sc1_a, sc1_b);
         fence_proxy_async_smem();
-        named_barrier_arrive(kBarP0, kNumThreads);
-        wgmma_wait<0>();
-        fence_regs(o);
-        if (has2 && tw < 32) issue_kv_half(p, sKV[0], bar[0][0], kb + 2, 0, page, 0);
+        mbar_arrive(hand0 + 8 * kHandP0);
         scale_o(o, sc1_a, sc1_b);
         l_a *= sc1_a;
         l_b *= sc1_b;
+        // Every phase of a hand-off is waited for, P1 or not (synccheck: "missing wait").
         if (has1) {
-          mbar_wait(bar[1][0], par1);
+          kv_wait_boxes(bars[1], 0, 4, par1);
           if ((kb + 2) * kBlockN > kv_len) zero_v_tail(ss.kv[1], kv_len - (kb + 1) * kBlockN, 0);
+          mbar_wait(hand0 + 8 * kHandP1, hpar);
           pv_ss(o, sP1, sKV[1]);
-          wgmma_wait<0>();
-          fence_regs(o);
-          if (has3 && tw < 32) issue_kv_half(p, sKV[1], bar[1][0], kb + 3, 0, page, 8);
+        } else {
+          mbar_wait(hand0 + 8 * kHandP1, hpar);
         }
-        if (has2) qk_block(s, sQ, sKV[0], bar[0][0], bar[0][1], par0 ^ 1);
+        // QK^T of block b+2 queues right behind that PV; V_L(b+1) is refilled with b+3 as soon as
+        // the PV is done (wait<1>: only the QK^T group of boxes 0-3 may still run).
+        if (has2) {
+          wgmma_fence();
+          qk_boxes<0, 4, true>(s, sQ, sKV[0], bars[0], par0 ^ 1);
+          wgmma_commit();
+          if (has1) {
+            wgmma_wait<1>();
+            if (has3 && tw < 32) issue_kv_half(p, sKV[1], bars[1], kb + 3, 0, page, 8);
+          }
+          qk_boxes<4, kNumBoxesQK, false>(s, sQ, sKV[0], bars[0], par0 ^ 1);
+          wgmma_commit();
+        }
+        wgmma_wait<0>();
+        fence_regs(o);
+        fence_regs(s);
       } else {
-        // ---- block kb+1: softmax after WG0's max, O_R += P1 V_R ---------------------------
-        named_barrier_sync(kBarScale0, kNumThreads);
+        // ---- block kb+1: its max first (WG0 needs only that), then P1 and O_R += P1 V_R ----
+        mbar_wait(hand0 + 8 * kHandScale0, hpar);
         const float m0_a = ss.m[rw.r_a], m0_b = ss.m[rw.r_b];
         const float sc0_a = ss.scale0[rw.r_a], sc0_b = ss.scale0[rw.r_b];
         float m1_a = m0_a, m1_b = m0_b, sc1_a = 1.f, sc1_b = 1.f;
         if (has1) {
           float mx_a, mx_b;
-          mask_scale(s, (kb + 1) * kBlockN + 2 * rw.q4, lim_a, lim_b, scale_log2, mx_a, mx_b);
+          block_max(s, (kb + 1) * kBlockN, rw.q4, lim_a, lim_b, scale_log2, mx_a, mx_b);
           m1_a = fmaxf(m0_a, mx_a);
           m1_b = fmaxf(m0_b, mx_b);
           sc1_a = exp2_approx(m0_a - m1_a);
           sc1_b = exp2_approx(m0_b - m1_b);
+        }
+        __syncwarp();  // every lane of the quad has read m before lane 0 overwrites it
+        if (rw.q4 == 0) {
+          ss.m[rw.r_a] = m1_a; ss.m[rw.r_b] = m1_b;
+          ss.scale1[rw.r_a] = sc1_a; ss.scale1[rw.r_b] = sc1_b;
+        }
+        mbar_arrive(hand0 + 8 * kHandScale1);
+        if (has1) {
           float sum_a, sum_b;
           exp_rows(s, m1_a, m1_b, sum_a, sum_b);
           l_a = l_a * sc0_a * sc1_a + sum_a;
@@ -312,34 +435,30 @@ __device__ void attention_seesaw(const MlaParams& p) {
           l_a *= sc0_a;
           l_b *= sc0_b;
         }
+        mbar_arrive(hand0 + 8 * kHandP1);  // every pair, so the phase stays the pair count's
         scale_o(o, sc0_a * sc1_a, sc0_b * sc1_b);
-        __syncwarp();
-        if (rw.q4 == 0) {
-          ss.m[rw.r_a] = m1_a; ss.m[rw.r_b] = m1_b;
-          ss.scale1[rw.r_a] = sc1_a; ss.scale1[rw.r_b] = sc1_b;
-        }
-        named_barrier_arrive(kBarScale1, kNumThreads);
 
-        // ---- O_R += P0' V_R(b) first: it frees block b's half for block b+2 sooner ----------
-        named_barrier_sync(kBarP0, kNumThreads);
-        mbar_wait(bar[0][1], par0);
-        if ((kb + 1) * kBlockN > kv_len) zero_v_tail(ss.kv[0], kv_len - kb * kBlockN, 1);
-        pv_ss(o, sKV[0] + 8 * kBoxBytes, sKV[0] + 4 * kBoxBytes);
+        // ---- O_R += P1 V_R(b+1) (needs nothing from WG0), then O_R += P0' V_R(b) ------------
         if (has1) {
           if ((kb + 2) * kBlockN > kv_len) zero_v_tail(ss.kv[1], kv_len - (kb + 1) * kBlockN, 1);
           pv_rs(o, s, sKV[1] + 4 * kBoxBytes);
-          wgmma_wait<1>();
-        } else {
-          wgmma_wait<0>();
         }
-        if (has2 && tw < 32) issue_kv_half(p, sKV[0], bar[0][1], kb + 2, 1, page, 0);
+        mbar_wait(hand0 + 8 * kHandP0, hpar);
+        kv_wait_boxes(bars[0], 4, 8, par0);
+        if ((kb + 1) * kBlockN > kv_len) zero_v_tail(ss.kv[0], kv_len - kb * kBlockN, 1);
+        pv_ss(o, sKV[0] + 8 * kBoxBytes, sKV[0] + 4 * kBoxBytes);
+        if (has1) {
+          wgmma_wait<1>();
+          if (has3 && tw < 32) issue_kv_half(p, sKV[1], bars[1], kb + 3, 1, page, 8);
+        }
         wgmma_wait<0>();
         fence_regs(o);
-        if (has3 && tw < 32) issue_kv_half(p, sKV[1], bar[1][1], kb + 3, 1, page, 8);
-        if (has3) qk_block(s, sQ, sKV[1], bar[1][0], bar[1][1], par1 ^ 1);
+        if (has2 && tw < 32) issue_kv_half(p, sKV[0], bars[0], kb + 2, 1, page, 0);
+        if (has3) qk_block<true>(s, sQ, sKV[1], bars[1], par1 ^ 1);
       }
       loads[0] += 1;
       loads[1] += has1 ? 1 : 0;
+      pairs += 1;
     }
 
     // ---- epilogue: full row sums, normalize, write the output or this split's partial ------

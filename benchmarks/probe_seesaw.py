@@ -1,0 +1,85 @@
+"""Timing probes of the attention kernel: where a block pair's time goes (issue 4).
+
+    python benchmarks/probe_seesaw.py [--shape B,Q_LEN,H,KV_LEN] [--label NAME]
+
+Times one shape twice, with CUDA events over back-to-back calls (median of 7 runs of 20 calls):
+    dram   every request has its own random pages (the KV streams from DRAM, as in the benchmark)
+    l2     every request's block table points into the same 64 pages (4.7 MB: the KV stays in L2)
+and prints µs and the cycles per 64-token block pair per CTA at the SM clock nvidia-smi reports.
+The kernel variants that drop a stage are cubins built with JIT_MLA_PROBE (attention_seesaw.cuh):
+    sed -i 's/define JIT_MLA_PROBE 0/define JIT_MLA_PROBE 1/' csrc/sm90/attention_seesaw.cuh
+    python -m jit_mla build --cubins && python benchmarks/probe_seesaw.py --label no-loads
+Their outputs are garbage; only the times mean something.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import subprocess
+
+import torch
+
+import jit_mla
+
+_L2_PAGES = 64
+
+
+def sm_clock_mhz() -> float:
+    """The SM clock under load is not observable from here; the max clock bounds cycles from above."""
+    out = subprocess.run(["nvidia-smi", "--query-gpu=clocks.max.sm", "--format=csv,noheader,nounits"],
+                         capture_output=True, text=True, check=False).stdout.strip()
+    return float(out.splitlines()[0]) if out else float("nan")
+
+
+def time_calls(fn, calls: int = 20, runs: int = 7) -> float:
+    """Median µs of one call, from runs of `calls` back-to-back calls between two events."""
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(runs):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / calls)
+    return statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", default="128,1,128,4096", help="B,Q_LEN,H,KV_LEN")
+    ap.add_argument("--label", default="shipped")
+    args = ap.parse_args()
+    b, q_len, h, kv = (int(x) for x in args.shape.split(","))
+    page = 64
+    pages = (kv + page - 1) // page
+    dev = "cuda"
+    cache = torch.randn(b * pages, page, 576, device=dev).to(torch.bfloat16)   # [pages, 64, 576]
+    tables = {
+        "dram": torch.randperm(b * pages, device=dev, dtype=torch.int32).view(b, pages),
+        "l2": (torch.arange(b * pages, device=dev, dtype=torch.int32) % _L2_PAGES).view(b, pages),
+    }
+    seq = torch.full((b,), kv, dtype=torch.int32, device=dev)                    # [B]
+    q = torch.randn(b, q_len, h, 576, device=dev).to(torch.bfloat16)             # [B, q, H, 576]
+    out = torch.empty(b, q_len, h, 512, device=dev, dtype=torch.bfloat16)
+    ws = torch.empty(jit_mla.get_workspace_size(b, h, q_len), dtype=torch.uint8, device=dev)
+    # Block pairs per CTA: ceil(q_len H / 64) units per request, kv/128 pairs each, over 132 SMs.
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    pairs_per_cta = b * math.ceil(q_len * h / 64) * (kv / 128) / sms
+    mhz = sm_clock_mhz()
+    for name, table in tables.items():
+        def call(table=table):
+            jit_mla.trtllm_batch_decode_with_kv_cache_mla(
+                q, cache, ws, 128, 512, 64, table, seq, kv, out=out, bmm1_scale=1 / math.sqrt(192))
+        us = time_calls(call)
+        cyc = us * mhz / pairs_per_cta
+        print(f"{args.label:12s} {name:5s} B{b} q{q_len} H{h} kv{kv}: {us:8.1f} µs, "
+              f"{cyc:7.0f} cycles/pair at {mhz:.0f} MHz ({pairs_per_cta:.1f} pairs per CTA)", flush=True)
+
+
+if __name__ == "__main__":
+    main()
