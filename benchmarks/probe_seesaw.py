@@ -33,6 +33,12 @@ def sm_clock_mhz() -> float:
     return float(out.splitlines()[0]) if out else float("nan")
 
 
+def pairs_per_cta(b: int, q_len: int, h: int, kv: int, sms: int) -> float:
+    """64-token KV block pairs per CTA: ceil(q_len H / 64) units of 64 rows per request, kv / 128
+    pairs each, spread over one CTA per SM."""
+    return b * math.ceil(q_len * h / 64) * (kv / 128) / sms
+
+
 def time_calls(fn, calls: int = 20, runs: int = 7) -> float:
     """Median µs of one call, from runs of `calls` back-to-back calls between two events."""
     fn()
@@ -67,18 +73,16 @@ def main() -> None:
     q = torch.randn(b, q_len, h, 576, device=dev).to(torch.bfloat16)             # [B, q, H, 576]
     out = torch.empty(b, q_len, h, 512, device=dev, dtype=torch.bfloat16)
     ws = torch.empty(jit_mla.get_workspace_size(b, h, q_len), dtype=torch.uint8, device=dev)
-    # Block pairs per CTA: ceil(q_len H / 64) units per request, kv/128 pairs each, over 132 SMs.
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    pairs_per_cta = b * math.ceil(q_len * h / 64) * (kv / 128) / sms
+    pairs = pairs_per_cta(b, q_len, h, kv, torch.cuda.get_device_properties(0).multi_processor_count)
     mhz = sm_clock_mhz()
     for name, table in tables.items():
         def call(table=table):
             jit_mla.trtllm_batch_decode_with_kv_cache_mla(
                 q, cache, ws, 128, 512, 64, table, seq, kv, out=out, bmm1_scale=1 / math.sqrt(192))
         us = time_calls(call)
-        cyc = us * mhz / pairs_per_cta
+        cyc = us * mhz / pairs
         print(f"{args.label:12s} {name:5s} B{b} q{q_len} H{h} kv{kv}: {us:8.1f} µs, "
-              f"{cyc:7.0f} cycles/pair at {mhz:.0f} MHz ({pairs_per_cta:.1f} pairs per CTA)", flush=True)
+              f"{cyc:7.0f} cycles/pair at {mhz:.0f} MHz ({pairs:.1f} pairs per CTA)", flush=True)
 
 
 if __name__ == "__main__":

@@ -137,3 +137,17 @@ def test_host_median_syncs_after_each_burst(bench):
     us = bench.host_median_us(lambda: calls.append(1), lambda: syncs.append(len(calls)), samples=30, burst=10)
     assert len(calls) == 30 and syncs == [10, 20, 30]  # the queue is drained every `burst` calls
     assert us >= 0.0
+
+
+def test_probe_script_without_a_gpu():
+    """benchmarks/probe_seesaw.py: its pair count by hand, and --help without a GPU."""
+    probe = ROOT / "benchmarks" / "probe_seesaw.py"
+    spec = importlib.util.spec_from_file_location("probe_seesaw", probe)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    # B128 q1 H128 kv4096: 2 units per request, 32 pairs each, 8192 pairs over 132 SMs.
+    assert module.pairs_per_cta(128, 1, 128, 4096, 132) == pytest.approx(8192 / 132)
+    # H16 q1: one 64-row unit per request holds the 16 rows.
+    assert module.pairs_per_cta(64, 1, 16, 8192, 132) == pytest.approx(64 * 64 / 132)
+    run = subprocess.run([sys.executable, str(probe), "--help"], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0 and "--shape" in run.stdout, run.stderr
