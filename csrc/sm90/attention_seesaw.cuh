@@ -438,26 +438,23 @@ __device__ void attention_seesaw(const MlaParams& p) {
         mbar_arrive(hand0 + 8 * kHandP1);  // every pair, so the phase stays the pair count's
         scale_o(o, sc0_a * sc1_a, sc0_b * sc1_b);
 
-        // ---- O_R += P0' V_R(b) first: V_R(b+2), refilled once it is done, is the load WG0's
-        // QK^T of block b+2 waits for soonest (P0' is ready by now: WG0 stores it while WG1
-        // runs its exps). Then O_R += P1 V_R(b+1).
+        // ---- O_R += P1 V_R(b+1) (needs nothing from WG0), then O_R += P0' V_R(b) ------------
+        if (has1) {
+          if ((kb + 2) * kBlockN > kv_len) zero_v_tail(ss.kv[1], kv_len - (kb + 1) * kBlockN, 1);
+          pv_rs(o, s, sKV[1] + 4 * kBoxBytes);
+        }
         mbar_wait(hand0 + 8 * kHandP0, hpar);
         kv_wait_boxes(bars[0], 4, 8, par0);
         if ((kb + 1) * kBlockN > kv_len) zero_v_tail(ss.kv[0], kv_len - kb * kBlockN, 1);
         pv_ss(o, sKV[0] + 8 * kBoxBytes, sKV[0] + 4 * kBoxBytes);
         if (has1) {
-          if ((kb + 2) * kBlockN > kv_len) zero_v_tail(ss.kv[1], kv_len - (kb + 1) * kBlockN, 1);
-          pv_rs(o, s, sKV[1] + 4 * kBoxBytes);
           wgmma_wait<1>();
-        } else {
-          wgmma_wait<0>();
+          if (has3 && tw < 32) issue_kv_half(p, sKV[1], bars[1], kb + 3, 1, page, 8);
         }
-        if (has2 && tw < 32) issue_kv_half(p, sKV[0], bars[0], kb + 2, 1, page, 0);
         wgmma_wait<0>();
         fence_regs(o);
-        if (has3 && tw < 32) issue_kv_half(p, sKV[1], bars[1], kb + 3, 1, page, 8);
-        // V_L(b+3) was refilled by WG0 before this warpgroup refilled V_R(b+3): start there.
-        if (has3) qk_block<false>(s, sQ, sKV[1], bars[1], par1 ^ 1);
+        if (has2 && tw < 32) issue_kv_half(p, sKV[0], bars[0], kb + 2, 1, page, 0);
+        if (has3) qk_block<true>(s, sQ, sKV[1], bars[1], par1 ^ 1);
       }
       loads[0] += 1;
       loads[1] += has1 ? 1 : 0;
