@@ -240,11 +240,13 @@ def trtllm_batch_decode_with_kv_cache_mla(
     if (  # one cheap test on the hot path; the detailed check only when something is set
         cute_dsl_impl != "auto" or kv_scale_format != "auto" or multi_ctas_kv_counter_buffer is not None
         or sparse_mla_top_k_lens is not None or enable_dcp or cp_world != 1 or cp_rank != 0
-        or causal_seqlens_kv_global is not None or use_fp16_softmax or return_lse_base is not None
+        or causal_seqlens_kv_global is not None or use_fp16_softmax
     ):  # fmt: skip
         _refuse_flashinfer_extras(
             cute_dsl_impl, kv_scale_format, multi_ctas_kv_counter_buffer, sparse_mla_top_k_lens,
-            enable_dcp, cp_world, cp_rank, causal_seqlens_kv_global, use_fp16_softmax, return_lse_base)
+            enable_dcp, cp_world, cp_rank, causal_seqlens_kv_global, use_fp16_softmax)
+    if return_lse_base not in _LSE_BASES:
+        raise ValueError(f"return_lse_base must be 'basee', 'base2' or None, got {return_lse_base!r}")
     if isinstance(sinks, (list, tuple)):
         if len(sinks) != 1:
             raise ValueError(f"sinks as a list must hold one float32 [H] tensor, got {len(sinks)} items")
@@ -264,8 +266,6 @@ def trtllm_batch_decode_with_kv_cache_mla(
             )
         if max_q_len is None:
             max_q_len = _validate_cum_seq_lens_q(cum_seq_lens_q, batch_size, query.shape[0])
-    elif max_q_len is None:
-        max_q_len = query.shape[1] if query.dim() == 4 else (query.shape[0] // max(batch_size, 1))
 
     if (check_inputs is not None or _env._check_inputs) and _checks.wanted(check_inputs, query.device):
         _checks.check_device_inputs(query, kv_cache, block_tables, seq_lens, cum_seq_lens_q, max_q_len, batch_size)
@@ -279,9 +279,10 @@ def trtllm_batch_decode_with_kv_cache_mla(
     # registered op torch.ops.jit_mla.mla_decode (traceable, CUDA-graph safe); eager calls go
     # straight to the launcher, skipping the dispatcher's few microseconds. Both run _launch.
     if torch.compiler.is_compiling():
-        _op.mla_decode_traced(
+        (f1, t1), (f2, t2) = _op.split_scale(bmm1_scale), _op.split_scale(bmm2_scale)
+        torch.ops.jit_mla.mla_decode(
             out, lse, query, kv_cache, workspace_buffer, block_tables, seq_lens, batch_size,
-            max_q_len, max_seq_len, bmm1_scale, bmm2_scale, sinks, cum_seq_lens_q, enable_pdl)
+            max_q_len, max_seq_len, f1, f2, t1, t2, sinks, cum_seq_lens_q, enable_pdl)
     else:
         _launch(
             out, lse, query, kv_cache, workspace_buffer, block_tables, seq_lens, batch_size,
@@ -292,37 +293,31 @@ def trtllm_batch_decode_with_kv_cache_mla(
 
 
 _LN2 = math.log(2.0)
+_LSE_BASES = (None, "base2", "basee")
 
 
 def _refuse_flashinfer_extras(
     cute_dsl_impl, kv_scale_format, multi_ctas_kv_counter_buffer, sparse_mla_top_k_lens,
-    enable_dcp, cp_world, cp_rank, causal_seqlens_kv_global, use_fp16_softmax, return_lse_base,
+    enable_dcp, cp_world, cp_rank, causal_seqlens_kv_global, use_fp16_softmax,
 ) -> None:  # fmt: skip
     """FlashInfer keywords of features jit_mla lacks: accepted at their defaults, refused (never
-    ignored) otherwise, naming the keyword."""
-    given = [
-        (name, value)
-        for name, value, default_ok in (
-            ("cute_dsl_impl", cute_dsl_impl, cute_dsl_impl == "auto"),
-            ("kv_scale_format", kv_scale_format, kv_scale_format == "auto"),
-            ("multi_ctas_kv_counter_buffer", multi_ctas_kv_counter_buffer, multi_ctas_kv_counter_buffer is None),
-            ("sparse_mla_top_k_lens", sparse_mla_top_k_lens, sparse_mla_top_k_lens is None),
-            ("enable_dcp", enable_dcp, enable_dcp is False),
-            ("cp_world", cp_world, cp_world == 1),
-            ("cp_rank", cp_rank, cp_rank == 0),
-            ("causal_seqlens_kv_global", causal_seqlens_kv_global, causal_seqlens_kv_global is None),
-            ("use_fp16_softmax", use_fp16_softmax, not use_fp16_softmax),
-        )
-        if not default_ok
-    ]
-    if given:
-        name, value = given[0]
-        raise NotImplementedError(
-            f"{name} is a FlashInfer option jit_mla does not support (only its default); got "
-            f"{name}={value!r}"
-        )
-    if return_lse_base not in (None, "base2", "basee"):
-        raise ValueError(f"return_lse_base must be 'basee', 'base2' or None, got {return_lse_base!r}")
+    ignored) otherwise, naming the keyword. The tests are the caller's guard's, one by one."""
+    for name, value, is_set in (
+        ("cute_dsl_impl", cute_dsl_impl, cute_dsl_impl != "auto"),
+        ("kv_scale_format", kv_scale_format, kv_scale_format != "auto"),
+        ("multi_ctas_kv_counter_buffer", multi_ctas_kv_counter_buffer, multi_ctas_kv_counter_buffer is not None),
+        ("sparse_mla_top_k_lens", sparse_mla_top_k_lens, sparse_mla_top_k_lens is not None),
+        ("enable_dcp", enable_dcp, bool(enable_dcp)),
+        ("cp_world", cp_world, cp_world != 1),
+        ("cp_rank", cp_rank, cp_rank != 0),
+        ("causal_seqlens_kv_global", causal_seqlens_kv_global, causal_seqlens_kv_global is not None),
+        ("use_fp16_softmax", use_fp16_softmax, bool(use_fp16_softmax)),
+    ):
+        if is_set:
+            raise NotImplementedError(
+                f"{name} is a FlashInfer option jit_mla does not support (only its default); got "
+                f"{name}={value!r}"
+            )
 
 
 def _launch(
@@ -334,7 +329,7 @@ def _launch(
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
     batch_size: int,
-    max_q_len: int,
+    max_q_len: Optional[int],
     max_seq_len: int,
     bmm1_scale: Scale,
     bmm2_scale: Scale,

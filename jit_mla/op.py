@@ -53,6 +53,8 @@ from typing import Optional, Union
 
 import torch
 
+from . import api as _api  # api imports this module too; _launch is looked up at call time
+
 OP_NAME = "jit_mla::mla_decode"
 
 # Mirrors of api.KV_LORA_RANK / api.HEAD_DIM_QK (this module cannot import api at load time: api
@@ -71,7 +73,7 @@ def mla_decode(
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
     batch_size: int,
-    max_q_len: int,
+    max_q_len: Optional[int],
     max_seq_len: int,
     bmm1_scale: float,
     bmm2_scale: float,
@@ -87,9 +89,7 @@ def mla_decode(
     each scale split in two because a schema has no float-or-tensor type: a tensor scale
     (``bmm*_scale_tensor``, one-element float32 CUDA) wins over the float.
     """
-    from .api import _launch  # lazy: api imports this module
-
-    _launch(
+    _api._launch(
         out, lse, query, kv_cache, workspace_buffer, block_tables, seq_lens, batch_size, max_q_len,
         max_seq_len,
         bmm1_scale if bmm1_scale_tensor is None else bmm1_scale_tensor,
@@ -134,31 +134,7 @@ def _desc(t: torch.Tensor) -> str:
     return f"{_dtype_name(t.dtype)} {list(t.shape)}"
 
 
-def mla_decode_traced(
-    out: torch.Tensor,
-    lse: Optional[torch.Tensor],
-    query: torch.Tensor,
-    kv_cache: torch.Tensor,
-    workspace_buffer: torch.Tensor,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    batch_size: int,
-    max_q_len: int,
-    max_seq_len: int,
-    bmm1_scale: Union[float, torch.Tensor],
-    bmm2_scale: Union[float, torch.Tensor],
-    sinks: Optional[torch.Tensor],
-    cum_seq_lens_q: Optional[torch.Tensor],
-    enable_pdl: Optional[bool],
-) -> None:
-    """``api._launch``'s arguments onto the op's schema: what the public function calls while
-    ``torch.compiler.is_compiling()``. Splits each float-or-tensor scale in two."""
-    t1 = bmm1_scale if isinstance(bmm1_scale, torch.Tensor) else None
-    t2 = bmm2_scale if isinstance(bmm2_scale, torch.Tensor) else None
-    torch.ops.jit_mla.mla_decode(
-        out, lse, query, kv_cache, workspace_buffer, block_tables, seq_lens, batch_size, max_q_len,
-        max_seq_len,
-        0.0 if t1 is not None else float(bmm1_scale),
-        0.0 if t2 is not None else float(bmm2_scale),
-        t1, t2, sinks, cum_seq_lens_q, enable_pdl,
-    )  # fmt: skip
+def split_scale(scale: Union[float, torch.Tensor]) -> tuple[float, Optional[torch.Tensor]]:
+    """A float-or-tensor scale onto the op's schema (which has no such type): (float, tensor or
+    None), the tensor winning. What the public function does while ``torch.compiler.is_compiling()``."""
+    return (0.0, scale) if isinstance(scale, torch.Tensor) else (float(scale), None)
