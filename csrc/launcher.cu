@@ -146,11 +146,10 @@ void check_scale_device(const Scale& s, DLDevice want, const char* name) {
 }
 
 // ---- workspace ---------------------------------------------------------------------------------
-struct WorkspaceLayout {
-  size_t group_prefix, cost_prefix, bounds, split_groups, partial_lse, partial_o, total;
-};
 
 constexpr size_t kWsAlign = 256;
+
+int64_t buffer_bytes(const TensorView& t) { return t.numel() * ((t.dtype().bits + 7) / 8); }
 size_t align_up(size_t x) { return (x + kWsAlign - 1) / kWsAlign * kWsAlign; }
 
 int64_t max_units_of(int64_t batch, int64_t total_q, int64_t num_heads) {
@@ -172,11 +171,18 @@ CtaPlan cta_plan(int64_t num_heads, int64_t sm_count) {
   return CtaPlan{m_group, static_cast<int>(std::max<int64_t>(m_group, ctas / m_group * m_group))};
 }
 
+// Byte offsets of the workspace's parts, and the CTA plan they are sized for.
+struct WorkspaceLayout {
+  size_t group_prefix, cost_prefix, bounds, split_groups, partial_lse, partial_o, total;
+  CtaPlan ctas;
+};
+
 WorkspaceLayout workspace_layout(int64_t batch, int64_t total_q, int64_t num_heads, int64_t sm_count) {
   const int64_t units = max_units_of(batch, total_q, num_heads);
-  const int64_t ctas = cta_plan(num_heads, sm_count).num_ctas;
-  const int64_t slots = kSlotsPerCta * ctas;
   WorkspaceLayout w{};
+  w.ctas = cta_plan(num_heads, sm_count);
+  const int64_t ctas = w.ctas.num_ctas;
+  const int64_t slots = kSlotsPerCta * ctas;
   size_t off = 0;
   w.group_prefix = off; off = align_up(off + sizeof(int) * (batch + 1));
   w.cost_prefix = off;  off = align_up(off + sizeof(int64_t) * (units + 1));
@@ -351,7 +357,7 @@ CUtensorMap kv_tensor_map(const void* ptr, int64_t pages, int64_t page_size, int
 // ---- the attention call, after the feature checks of the entry points -------------------------
 // workspace_size_bytes: the size the caller claims (FlashInfer's argument), at most the buffer's.
 void run_attention(TensorView out, Optional<TensorView> lse, TensorView query, TensorView key_cache,
-                   TensorView value_cache, TensorView workspace_buffer, int64_t workspace_size_bytes,
+                   TensorView workspace_buffer, int64_t workspace_size_bytes,
                    TensorView block_tables, TensorView seq_lens, Optional<TensorView> cum_seq_lens_q,
                    Optional<TensorView> attention_sinks, const Variant<double, Tensor>& bmm1_scale,
                    const Variant<double, Tensor>& bmm2_scale, int64_t max_q_len, int64_t batch_size,
@@ -445,12 +451,6 @@ void run_attention(TensorView out, Optional<TensorView> lse, TensorView query, T
       << desc(key_cache);
   MLA_CHECK(key_cache.size(-1) == kHeadDimQK, ValueError)
       << "kv_cache's last dim must be " << kHeadDimQK << ", got " << desc(key_cache);
-  MLA_CHECK(value_cache.data_ptr() == key_cache.data_ptr() &&
-                value_cache.byte_offset() == key_cache.byte_offset() &&
-                shape_of(value_cache) == shape_of(key_cache),
-            ValueError)
-      << "value_cache must be the same tensor as key_cache (MLA's one-copy latent cache), got "
-      << desc(value_cache) << " vs " << desc(key_cache);
   const int64_t page_size = key_cache.size(-2);
   const int64_t row_stride = key_cache.stride(-2), page_stride = key_cache.stride(0);
   MLA_CHECK(page_size >= 1, ValueError) << "kv_cache page_size must be >= 1, got " << desc(key_cache);
@@ -466,7 +466,7 @@ void run_attention(TensorView out, Optional<TensorView> lse, TensorView query, T
       << reinterpret_cast<uintptr_t>(data_of(key_cache)) % 16 << " bytes)";
 
   // workspace: bytes of scratch; the plan and the split partials live there.
-  const int64_t ws_bytes = workspace_buffer.numel() * ((workspace_buffer.dtype().bits + 7) / 8);
+  const int64_t ws_bytes = buffer_bytes(workspace_buffer);
   check_contiguous(workspace_buffer, "workspace_buffer");
   MLA_CHECK(workspace_size_bytes <= ws_bytes, ValueError)
       << "workspace_size = " << workspace_size_bytes << " bytes exceeds workspace_buffer's "
@@ -538,9 +538,8 @@ void run_attention(TensorView out, Optional<TensorView> lse, TensorView query, T
   p.partial_lse = reinterpret_cast<float*>(ws_base + ws.partial_lse);
   p.partial_o = reinterpret_cast<float*>(ws_base + ws.partial_o);
   p.max_groups = static_cast<int>(max_units);
-  const CtaPlan ctas = cta_plan(num_heads, sm_count);
-  p.m_group = ctas.m_group;
-  p.num_ctas = ctas.num_ctas;
+  p.m_group = ws.ctas.m_group;
+  p.num_ctas = ws.ctas.num_ctas;
   const bool use_tma = tma_page_size(page_size);
   p.num_pages = static_cast<int>(key_cache.size(0));
   p.kv_box_rows = static_cast<int>(std::min<int64_t>(page_size, kBlockN));
@@ -553,10 +552,6 @@ void run_attention(TensorView out, Optional<TensorView> lse, TensorView query, T
   else
     launch(k.attention_any_page, p.num_ctas, kNumThreads, sm90::kAttentionSmemBytes, stream,
            enable_pdl, &p, "mla_sm90_attention_any_page");
-  // Three combine CTAs per attention CTA (72 registers x 256 threads: three fit an SM): each item's
-  // chain of dependent loads (LSE, weights, partials) is latency-bound, so more resident CTAs
-  // overlap more chains. B8 kv4096 H128 spends ~15 us in the combine at one CTA per SM.
-  constexpr int kCombineCtasPerSm = 3;
   launch(k.combine, kCombineCtasPerSm * p.num_ctas, kCombineThreads, 0, stream, enable_pdl, &p,
          "mla_combine");
 }
@@ -591,7 +586,15 @@ void trtllm_paged_attention_decode(
       << "skip_softmax_threshold_scale_factor is not supported yet";
   MLA_CHECK(!uses_shared_paged_kv_idx.has_value() || *uses_shared_paged_kv_idx, NotImplementedError)
       << "uses_shared_paged_kv_idx=False (separate K and V page indices) is not supported";
-  run_attention(out, lse, query, key_cache, value_cache, workspace_buffer, workspace_size_bytes,
+  // MLA's one-copy latent cache: the second cache argument is the first one again (only this
+  // entry has it).
+  MLA_CHECK(value_cache.data_ptr() == key_cache.data_ptr() &&
+                value_cache.byte_offset() == key_cache.byte_offset() &&
+                shape_of(value_cache) == shape_of(key_cache),
+            ValueError)
+      << "value_cache must be the same tensor as key_cache (MLA's one-copy latent cache), got "
+      << desc(value_cache) << " vs " << desc(key_cache);
+  run_attention(out, lse, query, key_cache, workspace_buffer, workspace_size_bytes,
                 block_tables, seq_lens, cum_seq_lens_q, attention_sinks, bmm1_scale, bmm2_scale,
                 max_q_len, batch_size, sm_count, enable_pdl);
 }
@@ -610,8 +613,7 @@ void mla_decode(TensorView out, Optional<TensorView> lse, TensorView query, Tens
                         : block_tables.ndim() >= 1 ? block_tables.size(0) : 0;
   // max_q_len is only validated (>= 0): the kernels take each request's length from the device.
   const int64_t q_max = max_q_len.value_or(0);
-  const int64_t ws_bytes = workspace_buffer.numel() * ((workspace_buffer.dtype().bits + 7) / 8);
-  run_attention(out, lse, query, kv_cache, kv_cache, workspace_buffer, ws_bytes, block_tables,
+  run_attention(out, lse, query, kv_cache, workspace_buffer, buffer_bytes(workspace_buffer), block_tables,
                 seq_lens, cum_seq_lens_q, sinks, bmm1_scale, bmm2_scale, q_max, batch, sm_count,
                 enable_pdl);
 }

@@ -36,11 +36,6 @@ __device__ __forceinline__ void named_barrier_sync(int id, int count) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
 
-// Arrive at a named barrier without waiting (the producer side of a hand-off).
-__device__ __forceinline__ void named_barrier_arrive(int id, int count) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
-}
-
 // Programmatic dependent launch: wait until the preceding grid's memory is visible. A no-op when
 // the kernel was launched without the PDL attribute.
 __device__ __forceinline__ void pdl_wait_primary() {

@@ -65,12 +65,7 @@ __device__ void attention_any_page(const MlaParams& p) {
   const int wg = tid / 128, lane = tid & 31, q4 = lane & 3;
   const int r_a = 16 * ((tid % 128) / 32) + lane / 4, r_b = r_a + 8;
 
-  // Nothing the previous kernel in the stream writes (inputs, or the previous call's combine
-  // still reading the workspace) may be touched before this wait (PDL).
-  pdl_wait_primary();
-  pdl_launch_dependents();
-  plan_splits<kNumThreads>(p);
-  const CtaRange cr = cta_range(p);
+  const CtaRange cr = start_cta<kNumThreads>(p);
   if (cr.group0 == cr.group_end) return;
 
   const float scale_log2 = load_scale(p.bmm1_scale_ptr, p.bmm1_scale) * kLog2e;

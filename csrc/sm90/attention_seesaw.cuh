@@ -52,10 +52,6 @@ constexpr int kBarWg = 1;
 constexpr int kProbe = JIT_MLA_PROBE;
 constexpr bool kProbeNoLoads = (kProbe & 1) != 0;
 constexpr bool kProbeNoSoftmax = (kProbe & 2) != 0;
-// KV is read by the (at most two) CTAs of a group close together in time and never again in this
-// call: loading it with an L2 evict-first policy keeps Q, the block tables and the partner's lines
-// (measured: B64 kv8192 H16 202 -> 191 µs, B8 kv4096 H128 52 -> 49 µs).
-constexpr bool kEvictFirst = true;
 
 // Wait for a TMA half to land (a no-op in the no-loads probe).
 __device__ __forceinline__ void kv_wait(uint32_t bar, uint32_t parity) {
@@ -89,15 +85,12 @@ __device__ __forceinline__ void issue_kv_half(const MlaParams& p, uint32_t stage
   if (c >= 0 && c < kBlockN / p.kv_box_rows) {
     const int r0 = c * p.kv_box_rows;
     const int row = (block * kBlockN + r0) % p.page_size;
-    [[maybe_unused]] uint64_t policy = 0;
-    if constexpr (kEvictFirst) policy = createpolicy_evict_first();
-    for (int bx = box0; bx < box0 + nbox; ++bx) {
-      if constexpr (kEvictFirst)
-        tma_load_3d_hint(stage + bx * kBoxBytes + r0 * 128, &p.kv_tmap, bars + 8 * bx, bx * kBoxCols, row, page,
-                         policy);
-      else
-        tma_load_3d(stage + bx * kBoxBytes + r0 * 128, &p.kv_tmap, bars + 8 * bx, bx * kBoxCols, row, page);
-    }
+    // KV is read by the (at most two) CTAs of a group close together in time and never again in
+    // this call: evict-first keeps Q, the block tables and the partner's lines in L2 (measured:
+    // B64 kv8192 H16 202 -> 191 µs, B8 kv4096 H128 52 -> 49 µs).
+    const uint64_t policy = createpolicy_evict_first();
+    for (int bx = box0; bx < box0 + nbox; ++bx)
+      tma_load_3d(stage + bx * kBoxBytes + r0 * 128, &p.kv_tmap, bars + 8 * bx, bx * kBoxCols, row, page, policy);
   }
 }
 
@@ -287,12 +280,7 @@ __device__ void attention_seesaw(const MlaParams& p) {
   }
   __syncthreads();
 
-  // Nothing the previous kernel in the stream writes (inputs, or the previous call's combine
-  // still reading the workspace) may be touched before this wait (PDL).
-  pdl_wait_primary();
-  pdl_launch_dependents();
-  plan_splits<kNumThreads>(p);
-  const CtaRange cr = cta_range(p);
+  const CtaRange cr = start_cta<kNumThreads>(p);
   if (cr.group0 == cr.group_end) return;
 
   const float scale_log2 = load_scale(p.bmm1_scale_ptr, p.bmm1_scale) * kLog2e;

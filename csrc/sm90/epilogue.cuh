@@ -6,6 +6,7 @@
 #include "../common/device_utils.cuh"
 #include "../common/finalize.cuh"
 #include "../common/params.h"
+#include "../common/plan.cuh"
 #include "../common/units.cuh"
 #include "../config.h"
 
@@ -30,6 +31,18 @@ __device__ __forceinline__ CtaRange cta_range(const MlaParams& p) {
   r.group_end = r.end.block > 0 ? r.end.group + 1 : r.end.group;
   if (r.beg.group == r.end.group && r.beg.block == r.end.block) r.group_end = r.group0;  // empty
   return r;
+}
+
+// How every attention CTA starts: nothing the previous kernel in the stream writes (inputs, or
+// the previous call's combine still reading the workspace) may be touched before the PDL wait;
+// then the combine may launch, this CTA plans the call's splits (as every CTA does) and takes its
+// share.
+template <int kThreads>
+__device__ __forceinline__ CtaRange start_cta(const MlaParams& p) {
+  pdl_wait_primary();
+  pdl_launch_dependents();
+  plan_splits<kThreads>(p);
+  return cta_range(p);
 }
 
 // One unit of a group, as a CTA of set `set` (lane lane_m) runs it.

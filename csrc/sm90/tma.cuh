@@ -38,19 +38,10 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
 }
 
 // 3-D tile load: box at coordinates (c0, c1, c2) of `tmap` into shared memory at `dst`,
-// completing `bytes of the box` on mbarrier `bar`. Out-of-bounds elements are written as zeros.
-__device__ __forceinline__ void tma_load_3d(uint32_t dst, const void* tmap, uint32_t bar, int c0,
-                                            int c1, int c2) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-      " [%0], [%1, {%3, %4, %5}], [%2];\n" ::"r"(dst),
-      "l"(tmap), "r"(bar), "r"(c0), "r"(c1), "r"(c2)
-      : "memory");
-}
-
-// The same with an L2 cache policy (createpolicy_evict_first).
-__device__ __forceinline__ void tma_load_3d_hint(uint32_t dst, const void* tmap, uint32_t bar, int c0,
-                                                 int c1, int c2, uint64_t policy) {
+// completing `bytes of the box` on mbarrier `bar`, with L2 cache policy `policy` (e.g.
+// createpolicy_evict_first). Out-of-bounds elements are written as zeros.
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const void* tmap, uint32_t bar, int c0, int c1,
+                                            int c2, uint64_t policy) {
   asm volatile(
       "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
       " [%0], [%1, {%3, %4, %5}], [%2], %6;\n" ::"r"(dst),
@@ -58,7 +49,7 @@ __device__ __forceinline__ void tma_load_3d_hint(uint32_t dst, const void* tmap,
       : "memory");
 }
 
-// An L2 policy that evicts the lines it loads first: KV is read once per CTA pair.
+// An L2 policy that evicts the lines it loads first.
 __device__ __forceinline__ uint64_t createpolicy_evict_first() {
   uint64_t policy;
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
