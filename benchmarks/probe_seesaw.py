@@ -21,7 +21,7 @@ import subprocess
 
 import torch
 
-import jit_mla
+from profile_one import uniform_call  # benchmarks/ is on sys.path: this script's folder
 
 _L2_PAGES = 64
 
@@ -61,25 +61,14 @@ def main() -> None:
     ap.add_argument("--label", default="shipped")
     args = ap.parse_args()
     b, q_len, h, kv = (int(x) for x in args.shape.split(","))
-    page = 64
-    pages = (kv + page - 1) // page
-    dev = "cuda"
-    cache = torch.randn(b * pages, page, 576, device=dev).to(torch.bfloat16)   # [pages, 64, 576]
-    tables = {
-        "dram": torch.randperm(b * pages, device=dev, dtype=torch.int32).view(b, pages),
-        "l2": (torch.arange(b * pages, device=dev, dtype=torch.int32) % _L2_PAGES).view(b, pages),
-    }
-    seq = torch.full((b,), kv, dtype=torch.int32, device=dev)                    # [B]
-    q = torch.randn(b, q_len, h, 576, device=dev).to(torch.bfloat16)             # [B, q, H, 576]
-    out = torch.empty(b, q_len, h, 512, device=dev, dtype=torch.bfloat16)
-    ws = torch.empty(jit_mla.get_workspace_size(b, h, q_len), dtype=torch.uint8, device=dev)
+    data = uniform_call(b, q_len, h, kv)  # page 64
+    l2 = torch.arange(data.table.numel(), device="cuda", dtype=torch.int32).remainder(_L2_PAGES)
+    tables = {"dram": data.table, "l2": l2.view_as(data.table)}
+    out = torch.empty(b, q_len, h, 512, device="cuda", dtype=torch.bfloat16)
     pairs = pairs_per_cta(b, q_len, h, kv, torch.cuda.get_device_properties(0).multi_processor_count)
     mhz = sm_clock_mhz()
     for name, table in tables.items():
-        def call(table=table):
-            jit_mla.trtllm_batch_decode_with_kv_cache_mla(
-                q, cache, ws, 128, 512, 64, table, seq, kv, out=out, bmm1_scale=1 / math.sqrt(192))
-        us = time_calls(call)
+        us = time_calls(lambda table=table: data.run(table, out=out))
         cyc = us * mhz / pairs
         print(f"{args.label:12s} {name:5s} B{b} q{q_len} H{h} kv{kv}: {us:8.1f} µs, "
               f"{cyc:7.0f} cycles/pair at {mhz:.0f} MHz ({pairs:.1f} pairs per CTA)", flush=True)

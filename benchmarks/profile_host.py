@@ -23,12 +23,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 
 import torch
 
 import jit_mla
-from bench_mla import host_median_us  # benchmarks/ is on sys.path: this script's folder
+from bench_mla import SM_SCALE, host_median_us  # benchmarks/ is on sys.path: this script's folder
 from jit_mla import api
 from jit_mla.launcher import get_launcher
 
@@ -54,7 +53,7 @@ def main() -> None:
     q = torch.randn(b, 1, h, 576, device=dev).to(torch.bfloat16)
     out = torch.empty(b, 1, h, 512, device=dev, dtype=torch.bfloat16)
     ws = torch.empty(jit_mla.get_workspace_size(b, h, 1), dtype=torch.uint8, device=dev)
-    scale = 1 / math.sqrt(192)
+    scale = SM_SCALE
     fn = jit_mla.trtllm_batch_decode_with_kv_cache_mla
 
     def api_out():

@@ -7,11 +7,41 @@
 from __future__ import annotations
 
 import argparse
-import math
+from dataclasses import dataclass
 
 import torch
 
 import jit_mla
+from bench_mla import SM_SCALE  # benchmarks/ is on sys.path: this script's folder
+
+
+@dataclass
+class UniformCall:
+    """Inputs of one uniform decode call: B requests of kv tokens on random distinct pages."""
+
+    q: torch.Tensor      # [B, q_len, H, 576] bf16
+    cache: torch.Tensor  # [B * pages, page, 576] bf16
+    table: torch.Tensor  # [B, pages] int32, a permutation of the pool
+    seq: torch.Tensor    # [B] int32, all kv
+    ws: torch.Tensor     # workspace bytes
+    kv: int
+
+    def run(self, table: torch.Tensor | None = None, **kw) -> None:
+        jit_mla.trtllm_batch_decode_with_kv_cache_mla(
+            self.q, self.cache, self.ws, 128, 512, 64, self.table if table is None else table, self.seq,
+            self.kv, bmm1_scale=SM_SCALE, **kw)
+
+
+def uniform_call(b: int, q_len: int, h: int, kv: int, page: int = 64, dev: str = "cuda") -> UniformCall:
+    pages = (kv + page - 1) // page
+    return UniformCall(
+        q=torch.randn(b, q_len, h, 576, device=dev).to(torch.bfloat16),
+        cache=torch.randn(b * pages, page, 576, device=dev).to(torch.bfloat16),
+        table=torch.randperm(b * pages, device=dev, dtype=torch.int32).view(b, pages),
+        seq=torch.full((b,), kv, dtype=torch.int32, device=dev),
+        ws=torch.empty(jit_mla.get_workspace_size(b, h, q_len), dtype=torch.uint8, device=dev),
+        kv=kv,
+    )
 
 
 def main() -> None:
@@ -21,16 +51,9 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=2)
     args = ap.parse_args()
     b, q_len, h, kv = (int(x) for x in args.shape.split(","))
-    pages = (kv + args.page - 1) // args.page
-    dev = "cuda"
-    cache = torch.randn(b * pages, args.page, 576, device=dev).to(torch.bfloat16)
-    table = torch.randperm(b * pages, device=dev, dtype=torch.int32).view(b, pages)
-    seq = torch.full((b,), kv, dtype=torch.int32, device=dev)
-    q = torch.randn(b, q_len, h, 576, device=dev).to(torch.bfloat16)
-    ws = torch.empty(jit_mla.get_workspace_size(b, h, q_len), dtype=torch.uint8, device=dev)
+    call = uniform_call(b, q_len, h, kv, args.page)
     for _ in range(args.calls):
-        jit_mla.trtllm_batch_decode_with_kv_cache_mla(
-            q, cache, ws, 128, 512, 64, table, seq, kv, bmm1_scale=1 / math.sqrt(192))
+        call.run()
     torch.cuda.synchronize()
 
 

@@ -14,13 +14,18 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "bench_mla.py"
 
 
-@pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("bench_mla", SCRIPT)
+def _load(name: str):
+    """benchmarks/<name>.py as module `name` (registered: dataclasses look their module up there)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_mla"] = module  # dataclasses look their module up there
+    sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(scope="module")
+def bench():
+    return _load("bench_mla")
 
 
 def _by_name(bench, name):
@@ -139,12 +144,11 @@ def test_host_median_syncs_after_each_burst(bench):
     assert us >= 0.0
 
 
-def test_probe_script_without_a_gpu():
+def test_probe_script_without_a_gpu(monkeypatch):
     """benchmarks/probe_seesaw.py: its pair count by hand, and --help without a GPU."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))  # its imports of sibling scripts
     probe = ROOT / "benchmarks" / "probe_seesaw.py"
-    spec = importlib.util.spec_from_file_location("probe_seesaw", probe)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _load("probe_seesaw")
     # B128 q1 H128 kv4096: 2 units per request, 32 pairs each, 8192 pairs over 132 SMs.
     assert module.pairs_per_cta(128, 1, 128, 4096, 132) == pytest.approx(8192 / 132)
     # H16 q1: one 64-row unit per request holds the 16 rows.

@@ -32,6 +32,7 @@ from jit_mla import _paths, cubins, env, jit
 from jit_mla.env import JitError
 from jit_mla.jit import JitSpec
 from test_cubins import FAKE_SOURCES, FAKE_TREE, FAKE_UNSHIPPED_ARCH, write_tree
+from test_jit import _fresh_state  # noqa: F401 - autouse: a private cache dir and empty memos per test
 from test_jit import CHILD, builds, child_args, child_env, edit, run_child
 
 OTHER_UID = 4321 if os.geteuid() != 4321 else 4322  # any uid but ours; need not exist
@@ -40,17 +41,6 @@ OTHER_UID = 4321 if os.geteuid() != 4321 else 4322  # any uid but ours; need not
 # --------------------------------------------------------------------------------------------
 # Fixtures and helpers
 # --------------------------------------------------------------------------------------------
-
-
-@pytest.fixture(autouse=True)
-def _fresh_state(tmp_path, monkeypatch):
-    """A private cache dir, no leftover knobs, and empty in-process memos for every test."""
-    monkeypatch.setenv("JIT_MLA_CACHE_DIR", str(tmp_path / "cache"))
-    for var in ("JIT_MLA_LOCK_TIMEOUT", "JIT_MLA_VERBOSE", "JIT_MLA_CUDA_ARCH_LIST"):
-        monkeypatch.delenv(var, raising=False)
-    jit._memo.clear()
-    yield
-    jit._memo.clear()
 
 
 def chown_to_another_user(path: Path) -> None:

@@ -20,6 +20,7 @@ import torch
 import error_log
 import jit_mla
 from mla_data import assert_close_fa3, make_case, poisoned_lse, poisoned_out
+from test_launcher_args import _capsule_pointer
 
 pytestmark = pytest.mark.requires_sm90a
 
@@ -340,9 +341,6 @@ def test_matches_flashinfer_fa3_wrapper(batch, q_lens, heads):
 # DLPack: the launcher called with CuPy arrays
 # --------------------------------------------------------------------------------------------
 
-_capsule_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)(
-    ("PyCapsule_GetPointer", ctypes.pythonapi)
-)
 # A legacy capsule holds a DLManagedTensor, which starts with DLTensor
 # {void* data; DLDevice {int32 type, id}; int32 ndim; DLDataType {uint8 code, bits; uint16 lanes}}.
 _DTYPE_CODE_OFFSET = struct.calcsize("P") + 8 + 4

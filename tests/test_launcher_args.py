@@ -28,6 +28,7 @@ import tvm_ffi
 import jit_mla
 from jit_mla import api
 from jit_mla.launcher import build_launcher
+from mla_data import D_QK, D_V
 
 # A small MTP-like call: B requests of Q_LEN query tokens, H heads, pages of PAGE tokens.
 B, Q_LEN, H = 3, 2, 16
@@ -35,7 +36,6 @@ PAGES, PAGE, MAX_PAGES = 8, 64, 4
 SM = 132  # any positive count: it only sizes the workspace
 RAGGED_CUM = [0, 2, 2, 5]  # request 1 has no query tokens (legal)
 TOTAL_Q = RAGGED_CUM[-1]
-D_QK, D_V = 576, 512
 
 BF16, F32, I32 = torch.bfloat16, torch.float32, torch.int32
 

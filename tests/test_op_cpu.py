@@ -20,6 +20,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import jit_mla
 from jit_mla import api, op
+from mla_data import SM_SCALE
 
 # Inductor's import of torch.jit warns; not ours.
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:torch.jit._script")
@@ -30,7 +31,6 @@ RAGGED_CUM = [0, 2, 2, 5]  # ragged layout: request 1 has no query tokens
 TOTAL_Q = RAGGED_CUM[-1]
 WS_BYTES = 1 << 20  # any size: nothing here reaches the launcher's size check
 BF16, F32, I32 = torch.bfloat16, torch.float32, torch.int32
-SM_SCALE = 1.0 / (192**0.5)
 
 LAYOUTS = ("uniform", "ragged")
 
