@@ -6,8 +6,8 @@ Times one shape twice, with CUDA events over back-to-back calls (median of 7 run
     dram   every request has its own random pages (the KV streams from DRAM, as in the benchmark)
     l2     every request's block table points into the same 64 pages (4.7 MB: the KV stays in L2)
 and prints µs and the cycles per 64-token block pair per CTA at the SM clock nvidia-smi reports.
-The kernel variants that drop a stage are cubins built with JIT_MLA_PROBE (attention_seesaw.cuh):
-    sed -i 's/define JIT_MLA_PROBE 0/define JIT_MLA_PROBE 1/' csrc/sm90/attention_seesaw.cuh
+The kernel variants that drop a stage are cubins built with JIT_MLA_PROBE (csrc/common/probe.h):
+    sed -i 's/define JIT_MLA_PROBE 0/define JIT_MLA_PROBE 1/' csrc/common/probe.h
     python -m jit_mla build --cubins && python benchmarks/probe_seesaw.py --label no-loads
 Their outputs are garbage; only the times mean something.
 """

@@ -35,13 +35,6 @@ constexpr int kUnitOverheadBlocks = 2;
 constexpr int kMinBlocksPerCta = 2;
 constexpr int kWholeGroupSetsPct = 85;  // equal groups: give up to 15% of the sets to split nothing
 constexpr int kSlotsPerCta = 2;  // a CTA's range splits at most its first and its last unit
-constexpr int kMaxCtas = 1024;   // combine keeps one weight per split in smem
-
-constexpr int kCombineThreads = 256;
-// Combine CTAs per attention CTA (per SM): each item's chain of dependent loads (LSE, weights,
-// partials) is latency-bound, so more resident CTAs overlap more chains (B8 kv4096 H128 spent
-// ~15 us in the combine at one per SM). Three fit while the combine stays at <= 85 registers
-// (72 now, ptxas -v).
-constexpr int kCombineCtasPerSm = 3;
+constexpr int kMaxCtas = 1024;   // the combine keeps one slot and one weight per split in smem
 
 }  // namespace jit_mla

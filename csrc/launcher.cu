@@ -206,9 +206,10 @@ struct Kernels {
   std::string arch;
   cudaLibrary_t library = nullptr;
   // attention: TMA + seesaw (page sizes 8..64 dividing 64, or multiples of 64);
-  // attention_any_page: cp.async loads, any page size (1 included).
-  cudaKernel_t attention = nullptr, attention_any_page = nullptr, combine = nullptr;
-  std::vector<bool> smem_ready;  // per device: dynamic smem limit raised
+  // attention_any_page: cp.async loads, any page size (1 included). Both merge their splits
+  // themselves (common/combine.cuh): one launch per call.
+  cudaKernel_t attention = nullptr, attention_any_page = nullptr;
+  std::vector<int> sm_count;  // per device, once its smem limits are raised (0: not yet)
 };
 std::mutex g_mutex;
 Kernels g_kernels;
@@ -235,7 +236,6 @@ void load_cubin(String arch, Bytes data) {
                  "cudaLibraryGetKernel(mla_sm90_attention)");
   MLA_CUDA_CHECK(cudaLibraryGetKernel(&k.attention_any_page, lib, "mla_sm90_attention_any_page"),
                  "cudaLibraryGetKernel(mla_sm90_attention_any_page)");
-  MLA_CUDA_CHECK(cudaLibraryGetKernel(&k.combine, lib, "mla_combine"), "cudaLibraryGetKernel(mla_combine)");
   if (g_kernels.library != nullptr) cudaLibraryUnload(g_kernels.library);
   g_kernels = k;
 }
@@ -245,14 +245,14 @@ bool cubin_loaded() {
   return g_kernels.library != nullptr;
 }
 
-// Arch and the shared-memory limit, checked once per device.
-const Kernels& kernels_for_device(int device) {
+// Arch, the shared-memory limit and the SM count (*sm_count), set up once per device.
+const Kernels& kernels_for_device(int device, int64_t* sm_count) {
   std::lock_guard<std::mutex> lock(g_mutex);
   MLA_CHECK(g_kernels.library != nullptr, RuntimeError)
       << "no kernels loaded: the launcher must be loaded through jit_mla.launcher.get_launcher(), "
          "which loads the verified cubin";
-  if ((int)g_kernels.smem_ready.size() <= device) g_kernels.smem_ready.resize(device + 1, false);
-  if (!g_kernels.smem_ready[device]) {
+  if ((int)g_kernels.sm_count.size() <= device) g_kernels.sm_count.resize(device + 1, 0);
+  if (g_kernels.sm_count[device] == 0) {
     int major = 0, minor = 0;
     MLA_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device),
                    "cudaDeviceGetAttribute");
@@ -269,11 +269,17 @@ const Kernels& kernels_for_device(int device) {
                                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                    sm90::kAttentionSmemBytes, device),
                    "raising the any-page attention kernel's shared-memory limit");
-    g_kernels.smem_ready[device] = true;
+    int sms = 0;
+    MLA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
+                   "cudaDeviceGetAttribute(MultiProcessorCount)");
+    g_kernels.sm_count[device] = sms;
   }
+  *sm_count = g_kernels.sm_count[device];  // read under the lock: another device may resize it
   return g_kernels;
 }
 
+// Cooperative: the kernel's CTAs wait for each other before the combine phase, which is only
+// safe when all of them are resident at once (the driver refuses a grid that cannot be).
 void launch(cudaKernel_t kernel, int grid, int block, int smem, cudaStream_t stream, bool pdl,
             MlaParams* params, const char* name) {
   cudaLaunchConfig_t cfg{};
@@ -281,14 +287,21 @@ void launch(cudaKernel_t kernel, int grid, int block, int smem, cudaStream_t str
   cfg.blockDim = dim3(block);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute attr[2];
+  attr[0].id = cudaLaunchAttributeCooperative;
+  attr[0].val.cooperative = 1;
+  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[1].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
+  cfg.numAttrs = pdl ? 2 : 1;
   void* args[] = {params};
-  MLA_CUDA_CHECK(cudaLaunchKernelExC(&cfg, reinterpret_cast<const void*>(kernel), args),
-                 std::string("launching ") + name);
+  const cudaError_t err = cudaLaunchKernelExC(&cfg, reinterpret_cast<const void*>(kernel), args);
+  MLA_CHECK(err == cudaSuccess, RuntimeError)
+      << "launching " << name << " (" << grid << " CTAs, cooperative) failed: " << cudaGetErrorName(err)
+      << " (" << cudaGetErrorString(err) << ")"
+      << (err == cudaErrorCooperativeLaunchTooLarge
+              ? "; it runs one CTA per SM: pass sm_count = the SMs this stream may use"
+              : "");
 }
 
 // ---- TMA descriptor of the KV cache -------------------------------------------------------------
@@ -492,7 +505,7 @@ void run_attention(TensorView out, Optional<TensorView> lse, TensorView query, T
                    "cudaDeviceGetAttribute(MultiProcessorCount)");
     sm_count = n;
   }
-  const WorkspaceLayout ws = workspace_layout(batch_size, total_q, num_heads, sm_count);
+  WorkspaceLayout ws = workspace_layout(batch_size, total_q, num_heads, sm_count);
   MLA_CHECK(static_cast<int64_t>(ws.total) <= workspace_size_bytes, ValueError)
       << "workspace_buffer is too small: this call needs " << ws.total << " bytes (batch_size="
       << batch_size << ", total_q=" << total_q << ", H=" << num_heads << ", sm_count=" << sm_count
@@ -500,8 +513,12 @@ void run_attention(TensorView out, Optional<TensorView> lse, TensorView query, T
       << "; jit_mla.get_workspace_size(...) gives the size";
 
   // ---- 1d. arch (and kernels) -----------------------------------------------------------------
-  const Kernels& k = kernels_for_device(dev.device_id);
+  int64_t device_sms = 0;
+  const Kernels& k = kernels_for_device(dev.device_id, &device_sms);
   if (batch_size == 0 || total_q == 0) return;  // nothing to compute, nothing to write
+  // One CTA per SM, all resident at once (cooperative launch): never more CTAs than the device
+  // has SMs. The workspace was checked for the caller's sm_count; fewer CTAs need less of it.
+  if (sm_count > device_sms) ws = workspace_layout(batch_size, total_q, num_heads, device_sms);
 
   // ---- 2. device guard and stream ---------------------------------------------------------------
   tvm::ffi::CUDADeviceGuard guard(dev.device_id);
@@ -545,15 +562,13 @@ void run_attention(TensorView out, Optional<TensorView> lse, TensorView query, T
   p.kv_box_rows = static_cast<int>(std::min<int64_t>(page_size, kBlockN));
   if (use_tma) p.kv_tmap = kv_tensor_map(p.kv, key_cache.size(0), page_size, row_stride, page_stride);
 
-  // ---- 4. launch: attention (each CTA plans first) -> combine, both with PDL when enabled -----
+  // ---- 4. launch: one kernel (each CTA plans, attends, then merges splits), PDL when enabled ---
   if (use_tma)
     launch(k.attention, p.num_ctas, kNumThreads, sm90::kSeesawSmemBytes, stream, enable_pdl, &p,
            "mla_sm90_attention");
   else
     launch(k.attention_any_page, p.num_ctas, kNumThreads, sm90::kAttentionSmemBytes, stream,
            enable_pdl, &p, "mla_sm90_attention_any_page");
-  launch(k.combine, kCombineCtasPerSm * p.num_ctas, kCombineThreads, 0, stream, enable_pdl, &p,
-         "mla_combine");
 }
 
 // ---- entry 1: FlashInfer's trtllm-gen launcher arguments, plus lse -------------------------------

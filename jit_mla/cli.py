@@ -108,7 +108,7 @@ def tma_page_size(page_size: int) -> bool:
 
 
 def attention_kernel(page_size: int) -> str:
-    """The attention kernel a call with this page size launches (between plan and combine)."""
+    """The kernel a call with this page size launches (it plans, attends and merges splits)."""
     if tma_page_size(page_size):
         return "mla_sm90_attention (TMA)"
     return "mla_sm90_attention_any_page (cp.async)"
@@ -152,7 +152,7 @@ def _next_call_report() -> str:
             lines.append(f"  cubin:    no kernels for {arch} (jit_mla has {', '.join(sorted(cubins.KERNEL_SOURCES))})")
     lines.append(
         f"  kernels:  {attention_kernel(64)} for page sizes 8, 16, 32, 64 or multiples "
-        f"of 64 (else {attention_kernel(24)}), mla_combine"
+        f"of 64 (else {attention_kernel(24)}); one cooperative launch per call"
     )
     return "\n".join(lines)
 

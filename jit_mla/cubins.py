@@ -92,7 +92,7 @@ class KernelSource:
 KERNEL_SOURCES: dict[str, KernelSource] = {
     "sm_90a": KernelSource(
         "sm90/mla_sm90.cu",
-        ("mla_sm90_attention", "mla_sm90_attention_any_page", "mla_combine"),
+        ("mla_sm90_attention", "mla_sm90_attention_any_page"),
     ),
 }
 

@@ -447,3 +447,26 @@ def test_launcher_takes_cupy_arrays(monkeypatch, layout):
         c_lse = _from_cupy(cp, cargs[1], lse)
         assert torch.equal(c_out, out.cpu()), f"CuPy out differs from torch out ({how})"
         assert torch.equal(c_lse, lse.cpu()), f"CuPy lse differs from torch lse ({how})"
+
+
+# --------------------------------------------------------------------------------------------
+# sm_count: the kernel runs one CTA per SM, all resident at once (cooperative launch)
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sm_count", [1, 7, 4096])
+def test_launcher_sm_count_fewer_or_more_than_the_device(monkeypatch, sm_count):
+    """Fewer CTAs than SMs (SMs left to other streams) and more than the device has (clamped to
+    its SM count, so the cooperative launch fits; the workspace is sized for the caller's value)."""
+    from jit_mla.launcher import get_launcher
+
+    case = make_case(8, [1, 3, 0, 2, 4, 1, 2, 3], 64, 64, [900, 17, 4096, 3, 1200, 64, 65, 2000],
+                     ragged=True, device=DEV, seed=23)  # fmt: skip
+    out, lse = _buffers(case)
+    s1, s2 = _scales(case, 0.5)
+    args = list(_record_launcher_args(monkeypatch, case, _workspace(case), out, lse, s1, s2))
+    size = jit_mla.get_workspace_size(case.batch, case.num_heads, total_q=case.query.shape[0], sm_count=sm_count)
+    args[4] = torch.empty(size, dtype=torch.uint8, device=DEV)  # workspace_buffer
+    args[13] = sm_count
+    get_launcher().mla_decode(*args)
+    _check(case, out, lse, bmm2=0.5, sinks=case.sinks, label=f"sm_count {sm_count}")

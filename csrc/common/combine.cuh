@@ -1,134 +1,195 @@
-// Combine kernel: merges the split-KV partials of every unit the plan split.
+// Split merge, the last phase of the attention kernel itself (no second kernel): once every CTA
+// has written its partials (a grid-wide barrier; the kernel is launched cooperatively, so all
+// its CTAs are resident and the barrier cannot wait for a CTA that never starts), the CTAs share
+// the rows of every split unit. One launch per call instead of two saves ~2.5 us of host time
+// and the drain-and-launch gap between two kernels on the GPU.
 //
-// Persistent: grid = num_ctas CTAs share the items of all split units evenly. An item is
-// kCombineRows rows x kCombineCols columns of one unit (one warp per row, one float4 per lane per
-// split), so even one long request's partials are read by every SM, not by the two CTAs its
-// units would get with a CTA per unit. A CTA's items are contiguous, so consecutive items mostly
-// share a unit and its list of partial slots.
+// One warp per item, an output row (or 128 columns of one): it weighs the row's n normalized
+// fp32 partials and writes bf16. A warp's items are contiguous, so consecutive items mostly
+// share a row (whose weights it works out once) and a unit (whose list of partial slots it
+// collects once).
 #pragma once
+#include <cooperative_groups.h>
+
 #include "../config.h"
 #include "device_utils.cuh"
 #include "finalize.cuh"
 #include "params.h"
+#include "probe.h"
 #include "units.cuh"
 
 namespace jit_mla {
 
-constexpr int kCombineRows = kCombineThreads / 32;                  // 8: one warp per row
-constexpr int kCombineCols = 128;                                    // 32 lanes x float4
-constexpr int kCombineItemsPerUnit = (kBlockM / kCombineRows) * (kHeadDimV / kCombineCols);  // 32
+constexpr int kCombineWarps = kNumThreads / 32;           // 8
+constexpr int kCombineCols = 32 * 4;                      // 128 columns: a float4 per lane
+constexpr int kCombineChunks = kHeadDimV / kCombineCols;  // 4 per row
+constexpr int kCombineLoadsInFlight = 16;                 // float4 per lane per step
 
-// Slots holding the partials of (lane) unit of group grp, in order, into s_slots; returns count.
-// The sets whose ranges [bounds[s], bounds[s+1]) meet the group are consecutive, starting at the
-// last s with bounds[s] <= (grp, 0); empty ranges (equal bounds) wrote nothing. Warp 0 scans 32
-// sets per step.
-__device__ __forceinline__ int collect_slots(const MlaParams& p, int grp, int lane_m, int* s_slots) {
-  __shared__ int s_count;
+// Per warp: the current unit's partial slots and the current row's per-split LSE, then weight.
+// Lives in the attention kernel's dynamic shared memory (its Q tile), free once attention is done.
+struct CombineSmem {
+  int slots[kCombineWarps][kMaxCtas];
+  float weight[kCombineWarps][kMaxCtas];
+};
+static_assert(sizeof(CombineSmem) <= kTileBytes, "the combine reuses the Q tile's shared memory");
+
+// Slots holding the partials of (lane_m) unit of group grp, in order, into slots; returns their
+// count (in every lane). The sets whose ranges [bounds[s], bounds[s+1]) meet the group are
+// consecutive, starting at the last s with bounds[s] <= (grp, 0); empty ranges (equal bounds)
+// wrote nothing. The warp scans 32 sets per step.
+__device__ __forceinline__ int collect_slots(const MlaParams& p, int grp, int lane_m, int* slots) {
   const int lane = threadIdx.x & 31;
-  if (threadIdx.x < 32) {
-    const int num_sets = p.num_ctas / p.m_group;
-    int lo = 0, hi = num_sets;
-    const WorkPos start{grp, 0};
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) >> 1;
-      if (!pos_less(start, p.bounds[mid])) lo = mid; else hi = mid - 1;
-    }
-    int count = 0;
-    for (int base = lo; base < num_sets; base += 32) {
-      const int s = base + lane;
-      bool in = false, past = false;
-      if (s < num_sets) {
-        const WorkPos a = p.bounds[s], c = p.bounds[s + 1];
-        past = a.group > grp;
-        in = !past && !(a.group == c.group && a.block == c.block);
-      }
-      const unsigned take = __ballot_sync(0xffffffffu, in);
-      if (in) s_slots[count + __popc(take & ((1u << lane) - 1))] = partial_slot(p, s, grp, lane_m);
-      count += __popc(take);
-      if (__any_sync(0xffffffffu, past)) break;
-    }
-    if (lane == 0) s_count = count;
+  const int num_sets = p.num_ctas / p.m_group;
+  int lo = 0, hi = num_sets;
+  const WorkPos start{grp, 0};
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (!pos_less(start, p.bounds[mid])) lo = mid; else hi = mid - 1;
   }
-  __syncthreads();
-  return s_count;
+  int count = 0;
+  for (int base = lo; base < num_sets; base += 32) {
+    const int s = base + lane;
+    bool in = false, past = false;
+    if (s < num_sets) {
+      const WorkPos a = p.bounds[s], c = p.bounds[s + 1];
+      past = a.group > grp;
+      in = !past && !(a.group == c.group && a.block == c.block);
+    }
+    const unsigned take = __ballot_sync(0xffffffffu, in);
+    if (in) slots[count + __popc(take & ((1u << lane) - 1))] = partial_slot(p, s, grp, lane_m);
+    count += __popc(take);
+    if (__any_sync(0xffffffffu, past)) break;
+  }
+  __syncwarp();
+  return count;
 }
 
-__device__ void combine_splits(const MlaParams& p) {
-  __shared__ int s_slots[kMaxCtas];
-  __shared__ float s_weight[kCombineRows][kMaxCtas];  // per row: 2^(lse_j - lse) of each split
+// Row r's weights 2^(lse_j - lse) into weight[0, n) and its lse = log2 sum_j 2^lse_j.
+__device__ __forceinline__ float row_weights(const MlaParams& p, const int* slots, float* weight,
+                                             int n, int r) {
+  const int lane = threadIdx.x & 31;
+  float mx = -INFINITY;
+  for (int j = lane; j < n; j += 32) {
+    const float x = __ldcg(p.partial_lse + slots[j] * kBlockM + r);
+    weight[j] = x;  // this lane's own entries until the weights replace them
+    mx = fmaxf(mx, x);
+  }
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, d));
+  float lse = -INFINITY;
+  if (mx != -INFINITY) {
+    float sum = 0.f;
+    for (int j = lane; j < n; j += 32) sum += exp2f(weight[j] - mx);
+#pragma unroll
+    for (int d = 16; d > 0; d >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, d);
+    lse = mx + log2f(sum);
+  }
+  for (int j = lane; j < n; j += 32) weight[j] = lse == -INFINITY ? 0.f : exp2f(weight[j] - lse);
+  __syncwarp();
+  return lse;
+}
 
-  // Everything read below is written by the attention kernel just before us (PDL).
-  pdl_wait_primary();
+// kChunks 128-column chunks of row r from column col0 on: sum_j weight_j O_j, finalized. Each
+// step loads kCombineLoadsInFlight / kChunks splits' chunks at once: the loop is bound by the
+// latency of these loads, so a whole row (few splits) and a lone chunk (many splits) both keep
+// 16 in flight per lane.
+template <int kChunks>
+__device__ __forceinline__ void combine_cols(const MlaParams& p, const Unit& unit, const int* slots,
+                                             const float* weight, int n, int r, int col0, float lse,
+                                             float bmm2) {
+  constexpr int kSplits = kCombineLoadsInFlight / kChunks;
+  const int lane = threadIdx.x & 31;
+  float4 acc[kChunks];
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) acc[c] = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int j = 0; j < n; j += kSplits) {
+    float4 v[kSplits][kChunks];
+#pragma unroll
+    for (int k = 0; k < kSplits; ++k) {
+      const float* src = p.partial_o + ((long long)slots[min(j + k, n - 1)] * kBlockM + r) * kHeadDimV +
+                         col0 + 4 * lane;
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c)
+        v[k][c] = j + k < n ? __ldcg(reinterpret_cast<const float4*>(src + kCombineCols * c))
+                            : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int k = 0; k < kSplits; ++k) {
+      const float w = j + k < n ? weight[j + k] : 0.f;
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c) {
+        acc[c].x += w * v[k][c].x; acc[c].y += w * v[k][c].y;
+        acc[c].z += w * v[k][c].z; acc[c].w += w * v[k][c].w;
+      }
+    }
+  }
+  const int head = (unit.row0 + r) % p.num_heads;
+  const RowFinal fin = finalize_row(lse, p.sinks, head, bmm2);
+  const long long row = unit.q_row_base + r;
+  __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out) + row * kHeadDimV + col0 + 4 * lane;
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c)
+    *reinterpret_cast<uint2*>(out + kCombineCols * c) =
+        make_uint2(pack_bf16x2(acc[c].x * fin.scale, acc[c].y * fin.scale),
+                   pack_bf16x2(acc[c].z * fin.scale, acc[c].w * fin.scale));
+  if (p.lse != nullptr && lane == 0 && col0 == 0) p.lse[row] = fin.lse;
+}
+
+// Called by every thread of every CTA after its attention work (a CTA with none included).
+__device__ __forceinline__ void combine_splits(const MlaParams& p) {
+  // The plan is the same in every CTA, so either all of them wait at the barrier or none does.
   const int units = p.split_groups[0] * p.m_group;
-  const int items = units * kCombineItemsPerUnit;
-  const int per_cta = (items + gridDim.x - 1) / gridDim.x;
-  const int item0 = blockIdx.x * per_cta, item1 = min(items, item0 + per_cta);
-  const float bmm2 = load_scale(p.bmm2_scale_ptr, p.bmm2_scale);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (units == 0 || (kProbe & 4) != 0) return;
+  cooperative_groups::this_grid().sync();  // every partial is written (and visible: it fences)
 
-  int cur = -1, n = 0;
+  extern __shared__ uint8_t smem_raw[];
+  CombineSmem& cs = *reinterpret_cast<CombineSmem*>(smem_raw);
+  const int warp = threadIdx.x >> 5;
+  int* slots = cs.slots[warp];
+  float* weight = cs.weight[warp];
+  const float bmm2 = load_scale(p.bmm2_scale_ptr, p.bmm2_scale);
+
+  // Items: whole rows, or 128-column chunks of rows when even the chunks are not more than the
+  // warps (a short request split many ways: few rows, many splits each). A unit's rows are
+  // counted as q_len * H when a uniform query length makes that fewer than 64 (H = 16 decode:
+  // 16 rows), so that the warps share only rows that exist. A warp's items are contiguous; warps
+  // are numbered warp 0 of every CTA first, so that few items still spread over all SMs.
+  const int unit_rows = p.cum_q == nullptr ? max(1, min(kBlockM, p.q_len * p.num_heads)) : kBlockM;
+  const long long rows = (long long)units * unit_rows;
+  const long long warps = (long long)gridDim.x * kCombineWarps;
+  const bool by_chunk = rows * kCombineChunks <= warps;
+  const int per_row = by_chunk ? kCombineChunks : 1;
+  const long long items = rows * per_row;
+  const long long per_warp = (items + warps - 1) / warps;
+  const long long item0 = ((long long)warp * gridDim.x + blockIdx.x) * per_warp;
+  const long long item1 = min(items, item0 + per_warp);
+  int cur_unit = -1, cur_row = -1, n = 0;
+  float lse = -INFINITY;
   Unit unit{};
-  for (int item = item0; item < item1; ++item) {
-    const int u = item / kCombineItemsPerUnit, rest = item % kCombineItemsPerUnit;
-    if (u != cur) {
-      __syncthreads();  // s_slots of the previous unit no longer read
-      cur = u;
+  for (long long item = item0; item < item1; ++item) {
+    const int u = (int)(item / ((long long)unit_rows * per_row));
+    const int r = (int)(item / per_row % unit_rows);
+    if (u != cur_unit) {
+      __syncwarp();  // slots and weight of the previous unit no longer read
+      cur_unit = u;
+      cur_row = -1;
       const int grp = p.split_groups[1 + u / p.m_group], lane_m = u % p.m_group;
       const int b = find_request(p, grp);
       const int m = (grp - p.group_prefix[b]) * p.m_group + lane_m;
       // The request's last group may have no unit in this lane: nothing to merge.
-      n = m < request_num_units(p, b) ? collect_slots(p, grp, lane_m, s_slots) : 0;
+      n = m < request_num_units(p, b) ? collect_slots(p, grp, lane_m, slots) : 0;
       if (n > 0) unit = make_unit(p, b, m);
     }
-    const int r = (rest / (kHeadDimV / kCombineCols)) * kCombineRows + warp;
-    const int col = (rest % (kHeadDimV / kCombineCols)) * kCombineCols + 4 * lane;
     if (n == 0 || r >= unit.rows) continue;
-
-    // Row LSE over the splits (lanes stride the splits), then each split's weight.
-    float mx = -INFINITY;
-    for (int j = lane; j < n; j += 32) mx = fmaxf(mx, p.partial_lse[s_slots[j] * kBlockM + r]);
-#pragma unroll
-    for (int d = 16; d > 0; d >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, d));
-    float lse = -INFINITY;
-    if (mx != -INFINITY) {
-      float sum = 0.f;
-      for (int j = lane; j < n; j += 32) sum += exp2f(p.partial_lse[s_slots[j] * kBlockM + r] - mx);
-#pragma unroll
-      for (int d = 16; d > 0; d >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, d);
-      lse = mx + log2f(sum);
+    if (r != cur_row) {  // a row's chunks are consecutive: its weights are worked out once
+      __syncwarp();      // weight of the previous row no longer read
+      cur_row = r;
+      lse = row_weights(p, slots, weight, n, r);
     }
-    for (int j = lane; j < n; j += 32)
-      s_weight[warp][j] = lse == -INFINITY ? 0.f : exp2f(p.partial_lse[s_slots[j] * kBlockM + r] - lse);
-    __syncwarp();
-
-    // Four splits' loads in flight per step: the loop is bound by load latency, not arithmetic.
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    int j = 0;
-    for (; j + 4 <= n; j += 4) {
-      float4 v[4];
-#pragma unroll
-      for (int k = 0; k < 4; ++k)
-        v[k] = *reinterpret_cast<const float4*>(p.partial_o + ((long long)s_slots[j + k] * kBlockM + r) * kHeadDimV + col);
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const float w = s_weight[warp][j + k];
-        acc.x += w * v[k].x; acc.y += w * v[k].y; acc.z += w * v[k].z; acc.w += w * v[k].w;
-      }
-    }
-    for (; j < n; ++j) {
-      const float4 v = *reinterpret_cast<const float4*>(p.partial_o + ((long long)s_slots[j] * kBlockM + r) * kHeadDimV + col);
-      const float w = s_weight[warp][j];
-      acc.x += w * v.x; acc.y += w * v.y; acc.z += w * v.z; acc.w += w * v.w;
-    }
-    __syncwarp();  // s_weight is rewritten by this warp's next item
-
-    const int head = (unit.row0 + r) % p.num_heads;
-    const RowFinal fin = finalize_row(lse, p.sinks, head, bmm2);
-    const long long row = unit.q_row_base + r;
-    *reinterpret_cast<uint2*>(static_cast<__nv_bfloat16*>(p.out) + row * kHeadDimV + col) =
-        make_uint2(pack_bf16x2(acc.x * fin.scale, acc.y * fin.scale),
-                   pack_bf16x2(acc.z * fin.scale, acc.w * fin.scale));
-    if (p.lse != nullptr && col == 0) p.lse[row] = fin.lse;
+    if (by_chunk)
+      combine_cols<1>(p, unit, slots, weight, n, r, (int)(item % per_row) * kCombineCols, lse, bmm2);
+    else
+      combine_cols<kCombineChunks>(p, unit, slots, weight, n, r, 0, lse, bmm2);
   }
 }
 

@@ -1,5 +1,5 @@
-// The last step of every row, shared by the attention kernel (unsplit units) and the combine
-// kernel (split units): fold in the sink, apply bmm2_scale, give the final base-2 LSE.
+// The last step of every row, shared by the attention epilogue (unsplit units) and the combine
+// phase (split units): fold in the sink, apply bmm2_scale, give the final base-2 LSE.
 #pragma once
 #include <cmath>
 

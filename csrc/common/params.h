@@ -1,4 +1,4 @@
-// MlaParams: the one struct the launcher fills and every kernel (plan, attention, combine) reads.
+// MlaParams: the one struct the launcher fills and the kernel (plan, attention, combine) reads.
 // Passed by value as a __grid_constant__ kernel parameter. Host and device share this header.
 #pragma once
 #include <cuda.h>
@@ -57,7 +57,7 @@ struct MlaParams {
   float* partial_lse;         // [kSlotsPerCta * num_ctas, 64]
   float* partial_o;           // [kSlotsPerCta * num_ctas, 64, 512] normalized fp32
   int max_groups;             // upper bound of the group count (sizes cost_prefix)
-  int num_ctas;               // grid of the attention kernel, a multiple of m_group
+  int num_ctas;               // grid of the attention kernel (cooperative), a multiple of m_group
   int m_group;                // CTAs per set: units of a group run side by side (1 or 2)
 };
 

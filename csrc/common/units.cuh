@@ -1,5 +1,5 @@
 // Geometry of the work: requests, their 64-row units, and how many KV blocks each unit reads.
-// Shared by the plan, attention and combine kernels so they agree on every index.
+// Shared by the plan, attention and combine phases so they agree on every index.
 #pragma once
 #include "../config.h"
 #include "params.h"

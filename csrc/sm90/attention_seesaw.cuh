@@ -19,6 +19,7 @@
 #include "../common/device_utils.cuh"
 #include "../common/params.h"
 #include "../common/plan.cuh"
+#include "../common/probe.h"
 #include "../common/units.cuh"
 #include "../config.h"
 #include "epilogue.cuh"
@@ -43,13 +44,6 @@ constexpr int kNumHand = 4;
 // own wgmma reads them.
 constexpr int kBarWg = 1;
 
-// Timing probes (benchmarks/probe_seesaw.py builds them; the shipped cubin has 0): bit 0 drops
-// every KV load (no TMA, no waits: the math runs on whatever the stages hold), bit 1 drops the
-// softmax arithmetic (mask, max, exps).
-#ifndef JIT_MLA_PROBE
-#define JIT_MLA_PROBE 0
-#endif
-constexpr int kProbe = JIT_MLA_PROBE;
 constexpr bool kProbeNoLoads = (kProbe & 1) != 0;
 constexpr bool kProbeNoSoftmax = (kProbe & 2) != 0;
 

@@ -1,5 +1,6 @@
 // What both sm_90a attention kernels do around each unit: find its KV range in the plan, and at
-// the end write either the final output (unsplit) or this split's partial for the combine.
+// the end write either the final output (unsplit) or this split's partial for the combine
+// (common/combine.cuh, the kernel's last phase).
 #pragma once
 #include <cuda_bf16.h>
 
@@ -34,9 +35,9 @@ __device__ __forceinline__ CtaRange cta_range(const MlaParams& p) {
 }
 
 // How every attention CTA starts: nothing the previous kernel in the stream writes (inputs, or
-// the previous call's combine still reading the workspace) may be touched before the PDL wait;
-// then the combine may launch, this CTA plans the call's splits (as every CTA does) and takes its
-// share.
+// the previous call still reading the workspace) may be touched before the PDL wait; then the
+// next kernel may launch (it waits for our completion before it reads anything), this CTA plans
+// the call's splits (as every CTA does) and takes its share.
 template <int kThreads>
 __device__ __forceinline__ CtaRange start_cta(const MlaParams& p) {
   pdl_wait_primary();

@@ -1,5 +1,6 @@
-// The sm_90a cubin: attention (each CTA plans its share first) and combine kernels with C
-// symbols, so the launcher finds them by name (cudaLibraryGetKernel). Built by
+// The sm_90a cubin: two attention kernels (TMA pages, any page size) with C symbols, so the
+// launcher finds them by name (cudaLibraryGetKernel). Each CTA plans the splits first, runs its
+// share, then merges split units with the other CTAs (cooperative launch). Built by
 // `python -m jit_mla build --cubins`.
 #include "../common/combine.cuh"
 #include "../common/params.h"
@@ -11,14 +12,11 @@ using jit_mla::MlaParams;
 extern "C" __global__ void __launch_bounds__(jit_mla::kNumThreads, 1)
     mla_sm90_attention(const __grid_constant__ MlaParams p) {
   jit_mla::sm90::attention_seesaw(p);
+  jit_mla::combine_splits(p);
 }
 
 extern "C" __global__ void __launch_bounds__(jit_mla::kNumThreads, 1)
     mla_sm90_attention_any_page(const __grid_constant__ MlaParams p) {
   jit_mla::sm90::attention_any_page(p);
-}
-
-extern "C" __global__ void __launch_bounds__(jit_mla::kCombineThreads, 1)
-    mla_combine(const __grid_constant__ MlaParams p) {
   jit_mla::combine_splits(p);
 }
