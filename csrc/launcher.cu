@@ -187,7 +187,7 @@ WorkspaceLayout workspace_layout(int64_t batch, int64_t total_q, int64_t num_hea
   w.group_prefix = off; off = align_up(off + sizeof(int) * (batch + 1));
   w.cost_prefix = off;  off = align_up(off + sizeof(int64_t) * (units + 1));
   w.bounds = off;       off = align_up(off + sizeof(WorkPos) * (ctas + 1));
-  w.split_groups = off; off = align_up(off + sizeof(int) * (ctas + 1));
+  w.split_groups = off; off = align_up(off + sizeof(int) * (2 * ctas + 1));
   w.partial_lse = off;  off = align_up(off + sizeof(float) * slots * kBlockM);
   w.partial_o = off;    off = align_up(off + sizeof(float) * slots * kBlockM * kHeadDimV);
   w.total = off + kWsAlign;  // slack: the buffer's start is aligned up to 256 bytes

@@ -35,19 +35,14 @@ static_assert(sizeof(CombineSmem) <= kTileBytes, "the combine reuses the Q tile'
 
 // Slots holding the partials of (lane_m) unit of group grp, in order, into slots; returns their
 // count (in every lane). The sets whose ranges [bounds[s], bounds[s+1]) meet the group are
-// consecutive, starting at the last s with bounds[s] <= (grp, 0); empty ranges (equal bounds)
-// wrote nothing. The warp scans 32 sets per step.
-__device__ __forceinline__ int collect_slots(const MlaParams& p, int grp, int lane_m, int* slots) {
+// consecutive from its first set (the plan lists it); empty ranges (equal bounds) wrote nothing.
+// The warp scans 32 sets per step.
+__device__ __forceinline__ int collect_slots(const MlaParams& p, int grp, int first_set, int lane_m,
+                                             int* slots) {
   const int lane = threadIdx.x & 31;
   const int num_sets = p.num_ctas / p.m_group;
-  int lo = 0, hi = num_sets;
-  const WorkPos start{grp, 0};
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) >> 1;
-    if (!pos_less(start, p.bounds[mid])) lo = mid; else hi = mid - 1;
-  }
   int count = 0;
-  for (int base = lo; base < num_sets; base += 32) {
+  for (int base = first_set; base < num_sets; base += 32) {
     const int s = base + lane;
     bool in = false, past = false;
     if (s < num_sets) {
@@ -89,30 +84,44 @@ __device__ __forceinline__ float row_weights(const MlaParams& p, const int* slot
   return lse;
 }
 
+// Row r's kChunks 128-column chunks from column col0 on, of splits j .. j + 16 / kChunks - 1
+// (missing splits read nothing: 0).
+template <int kChunks>
+__device__ __forceinline__ void load_partials(const MlaParams& p, const int* slots, int n, int j,
+                                              int r, int col0,
+                                              float4 (&v)[kCombineLoadsInFlight / kChunks][kChunks]) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int k = 0; k < kCombineLoadsInFlight / kChunks; ++k) {
+    const float* src =
+        p.partial_o + ((long long)slots[min(j + k, n - 1)] * kBlockM + r) * kHeadDimV + col0 + 4 * lane;
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c)
+      v[k][c] = j + k < n ? __ldcg(reinterpret_cast<const float4*>(src + kCombineCols * c))
+                          : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+}
+
 // kChunks 128-column chunks of row r from column col0 on: sum_j weight_j O_j, finalized. Each
 // step loads kCombineLoadsInFlight / kChunks splits' chunks at once: the loop is bound by the
 // latency of these loads, so a whole row (few splits) and a lone chunk (many splits) both keep
-// 16 in flight per lane.
+// 16 in flight per lane. new_row: the row's weights (and *lse_io) are not worked out yet; that
+// happens while the first partials are in flight (the two sets of loads are independent).
 template <int kChunks>
 __device__ __forceinline__ void combine_cols(const MlaParams& p, const Unit& unit, const int* slots,
-                                             const float* weight, int n, int r, int col0, float lse,
-                                             float bmm2) {
+                                             float* weight, int n, int r, int col0, bool new_row,
+                                             float* lse_io, float bmm2) {
   constexpr int kSplits = kCombineLoadsInFlight / kChunks;
-  const int lane = threadIdx.x & 31;
   float4 acc[kChunks];
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) acc[c] = make_float4(0.f, 0.f, 0.f, 0.f);
+  float4 v[kSplits][kChunks];
+  load_partials<kChunks>(p, slots, n, 0, r, col0, v);
+  if (new_row) *lse_io = row_weights(p, slots, weight, n, r);
+  const float lse = *lse_io;
+  const int lane = threadIdx.x & 31;
   for (int j = 0; j < n; j += kSplits) {
-    float4 v[kSplits][kChunks];
-#pragma unroll
-    for (int k = 0; k < kSplits; ++k) {
-      const float* src = p.partial_o + ((long long)slots[min(j + k, n - 1)] * kBlockM + r) * kHeadDimV +
-                         col0 + 4 * lane;
-#pragma unroll
-      for (int c = 0; c < kChunks; ++c)
-        v[k][c] = j + k < n ? __ldcg(reinterpret_cast<const float4*>(src + kCombineCols * c))
-                            : make_float4(0.f, 0.f, 0.f, 0.f);
-    }
+    if (j > 0) load_partials<kChunks>(p, slots, n, j, r, col0, v);
 #pragma unroll
     for (int k = 0; k < kSplits; ++k) {
       const float w = j + k < n ? weight[j + k] : 0.f;
@@ -173,23 +182,24 @@ __device__ __forceinline__ void combine_splits(const MlaParams& p) {
       __syncwarp();  // slots and weight of the previous unit no longer read
       cur_unit = u;
       cur_row = -1;
-      const int grp = p.split_groups[1 + u / p.m_group], lane_m = u % p.m_group;
+      const int grp = p.split_groups[1 + 2 * (u / p.m_group)], lane_m = u % p.m_group;
+      const int first_set = p.split_groups[2 + 2 * (u / p.m_group)];
       const int b = find_request(p, grp);
       const int m = (grp - p.group_prefix[b]) * p.m_group + lane_m;
       // The request's last group may have no unit in this lane: nothing to merge.
-      n = m < request_num_units(p, b) ? collect_slots(p, grp, lane_m, slots) : 0;
+      n = m < request_num_units(p, b) ? collect_slots(p, grp, first_set, lane_m, slots) : 0;
       if (n > 0) unit = make_unit(p, b, m);
     }
     if (n == 0 || r >= unit.rows) continue;
-    if (r != cur_row) {  // a row's chunks are consecutive: its weights are worked out once
-      __syncwarp();      // weight of the previous row no longer read
-      cur_row = r;
-      lse = row_weights(p, slots, weight, n, r);
-    }
+    // A row's chunks are consecutive: its weights are worked out once, at its first.
+    const bool new_row = r != cur_row;
+    if (new_row) __syncwarp();  // weight of the previous row no longer read
+    cur_row = r;
     if (by_chunk)
-      combine_cols<1>(p, unit, slots, weight, n, r, (int)(item % per_row) * kCombineCols, lse, bmm2);
+      combine_cols<1>(p, unit, slots, weight, n, r, (int)(item % per_row) * kCombineCols, new_row,
+                      &lse, bmm2);
     else
-      combine_cols<kCombineChunks>(p, unit, slots, weight, n, r, 0, lse, bmm2);
+      combine_cols<kCombineChunks>(p, unit, slots, weight, n, r, 0, new_row, &lse, bmm2);
   }
 }
 

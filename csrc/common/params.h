@@ -53,7 +53,7 @@ struct MlaParams {
   int* group_prefix;          // [B+1]: first group of each request
   int64_t* cost_prefix;       // [max_groups+1]: cumulative cost of groups, in KV-block units
   WorkPos* bounds;            // [num_ctas/m_group + 1]: CTA set s works on [bounds[s], bounds[s+1])
-  int* split_groups;          // [1 + num_ctas]: count, then the groups that have several splits
+  int* split_groups;          // [1 + 2 num_ctas]: count, then (group, its first set) of each split group
   float* partial_lse;         // [kSlotsPerCta * num_ctas, 64]
   float* partial_o;           // [kSlotsPerCta * num_ctas, 64, 512] normalized fp32
   int max_groups;             // upper bound of the group count (sizes cost_prefix)

@@ -139,8 +139,10 @@ __device__ void plan_splits(const MlaParams& p) {
   }
   __syncthreads();
 
-  // 4. Groups split by at least one cut, listed once each (at their first cut) for the combine.
-  //    Boundaries 1..S-1, NT at a time (the loop bound is uniform: every thread scans).
+  // 4. Groups split by at least one cut, listed once each (at their first cut s) for the combine,
+  //    with their first set s - 1 (its range holds the group's start: bounds[s - 1] is not inside
+  //    the group, or s would not be the first cut). Boundaries 1..S-1, NT at a time (the loop
+  //    bound is uniform: every thread scans).
   {
     long long listed = 0;
     for (int base = 0; base < S; base += NT) {
@@ -154,7 +156,10 @@ __device__ void plan_splits(const MlaParams& p) {
       }
       long long count;
       const long long idx = block_exclusive_scan<NT>(first_cut ? 1 : 0, &count);
-      if (first_cut) p.split_groups[1 + listed + idx] = group;
+      if (first_cut) {
+        p.split_groups[1 + 2 * (listed + idx)] = group;
+        p.split_groups[2 + 2 * (listed + idx)] = s - 1;
+      }
       listed += count;
     }
     if (tid == 0) p.split_groups[0] = (int)listed;
