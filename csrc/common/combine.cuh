@@ -59,6 +59,23 @@ __device__ __forceinline__ int collect_slots(const MlaParams& p, int grp, int fi
   return count;
 }
 
+// The request owning group g (largest b with group_prefix[b] <= g), as find_request, but 32
+// pivots per step, one per lane: one or two dependent loads for up to 1024 requests instead of
+// log2(B). The combine's unit lookups are chains of dependent loads; this is the longest link.
+__device__ __forceinline__ int find_request_warp(const MlaParams& p, int g) {
+  const int lane = threadIdx.x & 31;
+  int lo = 0, hi = p.batch - 1;  // the answer is in [lo, hi]; group_prefix[lo] <= g holds
+  while (lo < hi) {
+    const int step = (hi - lo + 32) / 32;  // ceil((hi - lo + 1) / 32)
+    const int pivot = lo + lane * step;
+    const bool ok = pivot <= hi && p.group_prefix[pivot] <= g;  // lane 0: pivot lo, always ok
+    const int last = 31 - __clz(__ballot_sync(0xffffffffu, ok));
+    lo += last * step;
+    hi = min(hi, lo + step - 1);
+  }
+  return lo;
+}
+
 // Row r's weights 2^(lse_j - lse) into weight[0, n) and its lse = log2 sum_j 2^lse_j.
 __device__ __forceinline__ float row_weights(const MlaParams& p, const int* slots, float* weight,
                                              int n, int r) {
@@ -184,7 +201,7 @@ __device__ __forceinline__ void combine_splits(const MlaParams& p) {
       cur_row = -1;
       const int grp = p.split_groups[1 + 2 * (u / p.m_group)], lane_m = u % p.m_group;
       const int first_set = p.split_groups[2 + 2 * (u / p.m_group)];
-      const int b = find_request(p, grp);
+      const int b = find_request_warp(p, grp);
       const int m = (grp - p.group_prefix[b]) * p.m_group + lane_m;
       // The request's last group may have no unit in this lane: nothing to merge.
       n = m < request_num_units(p, b) ? collect_slots(p, grp, first_set, lane_m, slots) : 0;
