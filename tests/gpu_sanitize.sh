@@ -7,7 +7,7 @@
 # Cases (tests/test_mla_gpu.py, picked by -k on their parameter ids; initcheck runs
 # tests/gpu_initcheck.py instead, whose cases put no PyTorch kernel on the GPU): B <= 16, short KV, both
 # kernel paths (page 64: TMA; page 1: cp.async, any page size), uniform and ragged, sinks, zero
-# lengths. The kernels are checked only where their names contain "mla_" (our four kernels), so
+# lengths. The kernels are checked only where their names contain "mla_" (our kernels), so
 # PyTorch's and cuBLAS's kernels (the reference) run uninstrumented and fast.
 #
 # Knobs: COMPUTE_SANITIZER (binary), SANITIZE_K (the -k expression), SANITIZE_TOOL_TIMEOUT
