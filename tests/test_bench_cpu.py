@@ -155,3 +155,32 @@ def test_probe_script_without_a_gpu(monkeypatch):
     assert module.pairs_per_cta(64, 1, 16, 8192, 132) == pytest.approx(64 * 64 / 132)
     run = subprocess.run([sys.executable, str(probe), "--help"], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0 and "--shape" in run.stdout, run.stderr
+
+
+def test_trace_script_without_a_gpu(monkeypatch):
+    """benchmarks/trace_phases.py: the probe's printf lines parsed and summed up by hand."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    trace = _load("trace_phases")
+    text = (
+        "noise\n"
+        "jit_mla-trace cta=1 sm=7 t=1000,3000,5000,45000,47000,52000\n"
+        "jit_mla-trace cta=0 sm=3 t=2000,3000,6000,41000,47000,50000\n"
+    )
+    rows = trace.parse(text)
+    assert [r["cta"] for r in rows] == [1, 0] and rows[0]["sm"] == 7 and rows[1]["attended"] == 41000
+    s = trace.summarize(rows)
+    assert s["ctas"] == 2 and s["split"]
+    assert s["start spread"] == pytest.approx(1.0)  # entries 1000 and 2000 ns
+    assert s["attention end spread"] == pytest.approx(4.0)
+    assert s["first entry to last done"] == pytest.approx(51.0)
+    assert s["attention"] == {"median": pytest.approx(37.5), "max": pytest.approx(40.0)}
+    assert s["barrier wait"]["max"] == pytest.approx(6.0) and s["merge"]["max"] == pytest.approx(5.0)
+    assert s["slowest attention cta"] == 1
+    # no barrier (nothing split): synced is 0 on every CTA, and the merge phases read 0
+    unsplit = trace.summarize(trace.parse("jit_mla-trace cta=0 sm=0 t=0,10,20,30,0,40\n"))
+    assert not unsplit["split"] and unsplit["merge"]["max"] == 0
+    with pytest.raises(ValueError, match="JIT_MLA_PROBE"):
+        trace.summarize([])
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "trace_phases.py"), "--help"],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0 and "--shape" in run.stdout, run.stderr

@@ -167,6 +167,7 @@ __device__ __forceinline__ void combine_splits(const MlaParams& p) {
   const int units = p.split_groups[0] * p.m_group;
   if (units == 0 || (kProbe & 4) != 0) return;
   cooperative_groups::this_grid().sync();  // every partial is written (and visible: it fences)
+  trace_mark(kMarkSynced);
 
   extern __shared__ uint8_t smem_raw[];
   CombineSmem& cs = *reinterpret_cast<CombineSmem*>(smem_raw);

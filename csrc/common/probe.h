@@ -1,9 +1,12 @@
-// Timing probes (benchmarks/probe_seesaw.py builds them; the shipped cubin has 0; their outputs
-// are garbage): bit 0 drops every KV load of the seesaw kernel (no TMA, no waits: the math runs
-// on whatever the stages hold), bit 1 its softmax arithmetic (mask, max, exps), bit 2 the
-// combine phase (grid barrier and merge) of both kernels. Kernel code only: the launcher does
-// not include it.
+// Timing probes (benchmarks/probe_seesaw.py and trace_phases.py build them; the shipped cubin
+// has 0; their outputs are garbage, only times mean something): bit 0 drops every KV load of
+// the seesaw kernel (no TMA, no waits: the math runs on whatever the stages hold), bit 1 its
+// softmax arithmetic (mask, max, exps), bit 2 the combine phase (grid barrier and merge) of both
+// kernels, bit 3 prints each CTA's phase times (%globaltimer, ns) at its end. Kernel code only:
+// the launcher does not include it.
 #pragma once
+#include <cstdint>
+#include <cstdio>
 
 #ifndef JIT_MLA_PROBE
 #define JIT_MLA_PROBE 0
@@ -11,4 +14,42 @@
 
 namespace jit_mla {
 constexpr int kProbe = JIT_MLA_PROBE;
+
+// Phase marks of the trace probe, in the order a CTA passes them.
+enum TraceMark : int {
+  kMarkEntry = 0,   // kernel entry
+  kMarkReady = 1,   // past the PDL wait: the previous kernel's memory is visible
+  kMarkPlanned = 2, // the split plan is computed
+  kMarkAttended = 3,// the CTA's attention work is done (partials or outputs written)
+  kMarkSynced = 4,  // past the grid barrier (0: no unit was split, no barrier)
+  kMarkDone = 5,    // merge done
+  kNumMarks = 6,
+};
+
+#if (JIT_MLA_PROBE & 8) != 0
+__shared__ unsigned long long s_probe_trace[kNumMarks];
+
+__device__ __forceinline__ void trace_mark(int mark) {
+  if (threadIdx.x == 0) {
+    if (mark == kMarkEntry)
+      for (int i = 0; i < kNumMarks; ++i) s_probe_trace[i] = 0;  // a skipped mark prints 0
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    s_probe_trace[mark] = t;
+  }
+}
+// Thread 0 of every CTA prints its marks, one line, parsed by benchmarks/trace_phases.py.
+__device__ __forceinline__ void trace_print() {
+  if (threadIdx.x == 0) {
+    unsigned int sm;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    const unsigned long long* t = s_probe_trace;
+    printf("jit_mla-trace cta=%d sm=%u t=%llu,%llu,%llu,%llu,%llu,%llu\n", (int)blockIdx.x, sm,
+           t[0], t[1], t[2], t[3], t[4], t[5]);
+  }
+}
+#else
+__device__ __forceinline__ void trace_mark(int) {}
+__device__ __forceinline__ void trace_print() {}
+#endif
 }  // namespace jit_mla

@@ -8,6 +8,7 @@
 #include "../common/finalize.cuh"
 #include "../common/params.h"
 #include "../common/plan.cuh"
+#include "../common/probe.h"
 #include "../common/units.cuh"
 #include "../config.h"
 
@@ -41,8 +42,10 @@ __device__ __forceinline__ CtaRange cta_range(const MlaParams& p) {
 template <int kThreads>
 __device__ __forceinline__ CtaRange start_cta(const MlaParams& p) {
   pdl_wait_primary();
+  trace_mark(kMarkReady);
   pdl_launch_dependents();
   plan_splits<kThreads>(p);
+  trace_mark(kMarkPlanned);
   return cta_range(p);
 }
 

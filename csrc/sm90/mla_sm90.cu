@@ -4,6 +4,7 @@
 // `python -m jit_mla build --cubins`.
 #include "../common/combine.cuh"
 #include "../common/params.h"
+#include "../common/probe.h"
 #include "attention_any_page.cuh"
 #include "attention_seesaw.cuh"
 
@@ -11,12 +12,20 @@ using jit_mla::MlaParams;
 
 extern "C" __global__ void __launch_bounds__(jit_mla::kNumThreads, 1)
     mla_sm90_attention(const __grid_constant__ MlaParams p) {
+  jit_mla::trace_mark(jit_mla::kMarkEntry);
   jit_mla::sm90::attention_seesaw(p);
+  jit_mla::trace_mark(jit_mla::kMarkAttended);
   jit_mla::combine_splits(p);
+  jit_mla::trace_mark(jit_mla::kMarkDone);
+  jit_mla::trace_print();
 }
 
 extern "C" __global__ void __launch_bounds__(jit_mla::kNumThreads, 1)
     mla_sm90_attention_any_page(const __grid_constant__ MlaParams p) {
+  jit_mla::trace_mark(jit_mla::kMarkEntry);
   jit_mla::sm90::attention_any_page(p);
+  jit_mla::trace_mark(jit_mla::kMarkAttended);
   jit_mla::combine_splits(p);
+  jit_mla::trace_mark(jit_mla::kMarkDone);
+  jit_mla::trace_print();
 }
