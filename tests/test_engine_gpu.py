@@ -12,7 +12,11 @@ import ctypes
 import inspect
 import random
 import struct
+import subprocess
+import sys
+import textwrap
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -470,3 +474,45 @@ def test_launcher_sm_count_fewer_or_more_than_the_device(monkeypatch, sm_count):
     args[13] = sm_count
     get_launcher().mla_decode(*args)
     _check(case, out, lse, bmm2=0.5, sinks=case.sinks, label=f"sm_count {sm_count}")
+
+
+# Calls on two streams at once, beside a third stream busy with matmuls (two-batch overlap in an
+# engine). The launch is cooperative: a grid waits until all its CTAs fit, so the two streams'
+# calls serialize on the SMs instead of interleaving. Run in a child process with a timeout, so a
+# hang fails the test instead of stalling the suite.
+_TWO_STREAMS = textwrap.dedent("""
+    import torch, jit_mla
+    from mla_data import make_case
+    torch.manual_seed(0)
+    cases = [make_case(8, [1, 3, 0, 2, 4, 1, 2, 3], 128, 64, [900, 17, 4096, 3, 1200, 64, 65, 2000],
+                       ragged=True, device="cuda", seed=s) for s in (31, 32)]
+    def call(case, ws):
+        return jit_mla.trtllm_batch_decode_with_kv_cache_mla(
+            case.query, case.kv_cache, ws, 128, 512, 64, case.block_tables, case.seq_lens, 4096,
+            bmm1_scale=case.bmm1_scale, cum_seq_lens_q=case.cum_seq_lens_q, max_q_len=case.max_q_len)
+    ws = [torch.empty(jit_mla.get_workspace_size(8, 128, total_q=c.query.shape[0]), dtype=torch.uint8,
+                      device="cuda") for c in cases]
+    want = [call(c, w) for c, w in zip(cases, ws)]  # one stream: the reference outputs
+    torch.cuda.synchronize()
+    streams = [torch.cuda.Stream() for _ in range(3)]
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    got = [[], []]
+    for _ in range(20):
+        with torch.cuda.stream(streams[2]):
+            for _ in range(4):
+                a = (a @ a).clamp_(-1, 1)
+        for i in range(2):
+            with torch.cuda.stream(streams[i]):
+                got[i].append(call(cases[i], ws[i]))
+    torch.cuda.synchronize()
+    for i in range(2):
+        assert all(torch.equal(g, want[i]) for g in got[i]), f"stream {i}: outputs differ"
+    print("two streams ok")
+""")
+
+
+def test_two_streams_at_once_beside_a_busy_stream():
+    tests_dir = str(Path(__file__).resolve().parent)
+    run = subprocess.run([sys.executable, "-c", _TWO_STREAMS], capture_output=True, text=True,
+                         timeout=300, cwd=tests_dir)
+    assert run.returncode == 0 and "two streams ok" in run.stdout, run.stdout + run.stderr
