@@ -1,21 +1,25 @@
-"""Where one call's time goes, CTA by CTA: the trace probe's phase marks (issue 4).
+"""Where one call's time goes, CTA by CTA: the trace probes' phase marks and wait cycles (issue 4).
 
-    sed -i 's/define JIT_MLA_PROBE 0/define JIT_MLA_PROBE 8/' csrc/common/probe.h
+    sed -i 's/define JIT_MLA_PROBE 0/define JIT_MLA_PROBE 24/' csrc/common/probe.h
     python -m jit_mla build --cubins
     python benchmarks/trace_phases.py --shape 8,1,128,4096 [--json out.json]
     git checkout csrc/common/probe.h && python -m jit_mla build --cubins   # restore
 
-With bit 3 of JIT_MLA_PROBE set, thread 0 of every CTA prints its %globaltimer marks (ns) at the
-end of the kernel (csrc/common/probe.h): entry, past the PDL wait, planned, attention done, past
-the grid barrier (0 when nothing was split), merge done. This script runs the call once to warm
-up, then once traced, captures the device printf output (it goes to file descriptor 1) and
-prints per phase the median and the largest duration over the CTAs, plus the spread of the CTAs'
-starts and of their attention ends (the barrier waits for the last one).
+With bit 3 (8) of JIT_MLA_PROBE set, thread 0 of every CTA prints its %globaltimer marks (ns) at
+the end of the kernel (csrc/common/probe.h): entry, past the PDL wait, planned, attention done,
+past the grid barrier (0 when nothing was split), merge done. With bit 4 (16), thread 0 of each
+seesaw warpgroup prints the cycles it spent waiting for QK^T's KV boxes, for V boxes, for the
+other warpgroup's hand-offs and for its own wgmma, and in its units' prologues, pair loops and
+epilogues, with the pair count. This script runs the call once to warm up, then once traced,
+captures the device printf output (it goes to file descriptor 1) and prints per phase the median
+and the largest duration over the CTAs, the spreads of the CTAs' starts and attention ends (the
+barrier waits for the last one), and per warpgroup the wait cycles per block pair.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import re
@@ -28,6 +32,8 @@ import torch
 from profile_one import uniform_call  # benchmarks/ is on sys.path: this script's folder
 
 _LINE = re.compile(r"jit_mla-trace cta=(\d+) sm=(\d+) t=(\d+),(\d+),(\d+),(\d+),(\d+),(\d+)")
+_WAITS = re.compile(r"jit_mla-waits cta=(\d+) wg=(\d+) c=((?:\d+,){7}\d+)")
+SITES = ("qk box", "v box", "hand-off", "wgmma", "loop", "prologue", "epilogue", "pairs")
 _MARK = b"--jit_mla-trace-call--\n"
 MARKS = ("entry", "ready", "planned", "attended", "synced", "done")
 
@@ -39,6 +45,35 @@ def parse(text: str) -> list[dict]:
         t = [int(x) for x in m.groups()[2:]]
         rows.append({"cta": int(m.group(1)), "sm": int(m.group(2)), **dict(zip(MARKS, t))})
     return rows
+
+
+def parse_waits(text: str) -> list[dict]:
+    """One record per warpgroup line of the wait probe: cta, wg and the eight sums of SITES."""
+    rows = []
+    for m in _WAITS.finditer(text):
+        c = [int(x) for x in m.group(3).split(",")]
+        rows.append({"cta": int(m.group(1)), "wg": int(m.group(2)), **dict(zip(SITES, c))})
+    return rows
+
+
+def summarize_waits(rows: list[dict]) -> dict:
+    """Per warpgroup, over the CTAs that ran block pairs: cycles per pair of each site (sums over
+    those CTAs divided by their pairs) and each site's share of the pair-loop cycles."""
+    out = {}
+    for wg in sorted({r["wg"] for r in rows}):
+        mine = [r for r in rows if r["wg"] == wg and r["pairs"] > 0]
+        pairs = sum(r["pairs"] for r in mine)
+        loop = sum(r["loop"] for r in mine)
+        if not pairs:
+            continue
+        out[f"wg{wg}"] = {
+            "ctas": len(mine),
+            "pairs": pairs,
+            **{site: {"per_pair": sum(r[site] for r in mine) / pairs,
+                      "of_loop": sum(r[site] for r in mine) / loop if loop else 0.0}
+               for site in SITES[:-1]},
+        }
+    return out
 
 
 def summarize(rows: list[dict]) -> dict:
@@ -70,16 +105,21 @@ def summarize(rows: list[dict]) -> dict:
 
 def traced_output(call: Callable[[], None]) -> str:
     """Runs call() twice with fd 1 redirected to a file; returns what the second run printed."""
+    libc = ctypes.CDLL(None)
     torch.cuda.synchronize()
+    libc.fflush(None)
     saved = os.dup(1)
     with tempfile.TemporaryFile() as tmp:
         os.dup2(tmp.fileno(), 1)
         try:
+            # Device printf reaches the C stdout buffer at synchronization; fflush moves it to fd 1.
             call()
-            torch.cuda.synchronize()  # the device printf buffer is flushed at synchronization
+            torch.cuda.synchronize()
+            libc.fflush(None)
             os.write(1, _MARK)
             call()
             torch.cuda.synchronize()
+            libc.fflush(None)
         finally:
             os.dup2(saved, 1)
             os.close(saved)
@@ -95,17 +135,28 @@ def main() -> None:
     args = ap.parse_args()
     b, q_len, h, kv = (int(x) for x in args.shape.split(","))
     data = uniform_call(b, q_len, h, kv)
-    rows = parse(traced_output(data.run))
-    summary = summarize(rows)
+    text = traced_output(data.run)
+    rows, waits = parse(text), parse_waits(text)
+    if not rows and waits:  # the wait probe alone (bit 4 without bit 3)
+        summary = {"ctas": 0, "split": None}
+    else:
+        summary = summarize(rows)
     print(f"B{b} q{q_len} H{h} kv{kv}: {summary['ctas']} CTAs, split: {summary['split']}")
-    for key in ("start spread", "attention end spread", "first entry to last done"):
-        print(f"  {key:26s} {summary[key]:8.2f} µs")
-    for key in ("pdl wait", "plan", "attention", "barrier wait", "merge"):
-        print(f"  {key:26s} median {summary[key]['median']:8.2f} µs, max {summary[key]['max']:8.2f} µs")
-    print(f"  slowest attention CTA: {summary['slowest attention cta']}")
+    if rows:
+        for key in ("start spread", "attention end spread", "first entry to last done"):
+            print(f"  {key:26s} {summary[key]:8.2f} µs")
+        for key in ("pdl wait", "plan", "attention", "barrier wait", "merge"):
+            print(f"  {key:26s} median {summary[key]['median']:8.2f} µs, max {summary[key]['max']:8.2f} µs")
+        print(f"  slowest attention CTA: {summary['slowest attention cta']}")
+    wait_summary = summarize_waits(waits)
+    for wg, w in wait_summary.items():
+        print(f"  {wg} ({w['ctas']} CTAs, {w['pairs']} pairs), cycles per pair (share of the loop):")
+        for site in SITES[:-1]:
+            print(f"    {site:12s} {w[site]['per_pair']:9.0f}  ({100 * w[site]['of_loop']:5.1f}%)")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"shape": [b, q_len, h, kv], "summary": summary, "ctas": rows}, f, indent=1)
+            json.dump({"shape": [b, q_len, h, kv], "summary": summary, "ctas": rows,
+                       "waits": wait_summary, "wait_lines": waits}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -181,6 +181,17 @@ def test_trace_script_without_a_gpu(monkeypatch):
     assert not unsplit["split"] and unsplit["merge"]["max"] == 0
     with pytest.raises(ValueError, match="JIT_MLA_PROBE"):
         trace.summarize([])
+    # the wait probe: per warpgroup, sums over the CTAs that ran pairs, divided by their pairs
+    waits = trace.parse_waits(
+        "jit_mla-waits cta=0 wg=0 c=100,200,300,400,2000,50,60,4\n"
+        "jit_mla-waits cta=1 wg=0 c=300,0,100,0,2000,50,60,4\n"
+        "jit_mla-waits cta=2 wg=0 c=0,0,0,0,0,0,0,0\n"
+        "jit_mla-waits cta=0 wg=1 c=8,8,8,8,80,8,8,8\n")
+    w = trace.summarize_waits(waits)
+    assert w["wg0"]["ctas"] == 2 and w["wg0"]["pairs"] == 8
+    assert w["wg0"]["qk box"]["per_pair"] == pytest.approx(50.0)  # (100 + 300) / 8
+    assert w["wg0"]["qk box"]["of_loop"] == pytest.approx(0.1)    # 400 / 4000
+    assert w["wg1"]["loop"]["per_pair"] == pytest.approx(10.0)
     run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "trace_phases.py"), "--help"],
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 0 and "--shape" in run.stdout, run.stderr

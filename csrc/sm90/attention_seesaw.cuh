@@ -47,9 +47,29 @@ constexpr int kBarWg = 1;
 constexpr bool kProbeNoLoads = (kProbe & 1) != 0;
 constexpr bool kProbeNoSoftmax = (kProbe & 2) != 0;
 
-// Wait for a TMA half to land (a no-op in the no-loads probe).
-__device__ __forceinline__ void kv_wait(uint32_t bar, uint32_t parity) {
-  if constexpr (!kProbeNoLoads) mbar_wait(bar, parity);
+// Wait for a TMA box to land (a no-op in the no-loads probe); the wait probe files its cycles
+// under `site`.
+__device__ __forceinline__ void kv_wait(uint32_t bar, uint32_t parity, int site) {
+  if constexpr (!kProbeNoLoads) {
+    const long long t0 = probe_clock();
+    mbar_wait(bar, parity);
+    probe_file(site, t0);
+  }
+}
+
+// Wait for the other warpgroup's hand-off.
+__device__ __forceinline__ void hand_wait(uint32_t bar, uint32_t parity) {
+  const long long t0 = probe_clock();
+  mbar_wait(bar, parity);
+  probe_file(kSiteHand, t0);
+}
+
+// Wait until at most N of this warpgroup's wgmma groups are in flight.
+template <int N>
+__device__ __forceinline__ void mma_wait() {
+  const long long t0 = probe_clock();
+  wgmma_wait<N>();
+  probe_file(kSiteMma, t0);
 }
 
 // A running max that is finite: fully masked rows stay at it and give 2^(-inf - m) = 0 with
@@ -90,7 +110,7 @@ __device__ __forceinline__ void issue_kv_half(const MlaParams& p, uint32_t stage
 
 // Wait for boxes [b0, b1) of a stage (their mbarriers at bars + 8 bx).
 __device__ __forceinline__ void kv_wait_boxes(uint32_t bars, int b0, int b1, uint32_t parity) {
-  for (int bx = b0; bx < b1; ++bx) kv_wait(bars + 8 * bx, parity);
+  for (int bx = b0; bx < b1; ++bx) kv_wait(bars + 8 * bx, parity, kSiteVBox);
 }
 
 // Zero V rows [first_row, 64) of this warpgroup's four V boxes (4wg .. 4wg+3) of a stage: a page's
@@ -113,7 +133,7 @@ __device__ __forceinline__ void qk_boxes(float (&s)[32], uint32_t sQ, uint32_t s
                                          uint32_t parity) {
 #pragma unroll
   for (int bx = kB0; bx < kB1; ++bx) {
-    kv_wait(bars + 8 * bx, parity);
+    kv_wait(bars + 8 * bx, parity, kSiteQkBox);
 #pragma unroll
     for (int kk = 4 * bx; kk < 4 * bx + 4; ++kk) {
       const uint32_t koff = (kk / 4) * kBoxBytes + (kk % 4) * 32;
@@ -136,7 +156,7 @@ __device__ __forceinline__ void qk_block(float (&s)[32], uint32_t sQ, uint32_t s
     qk_boxes<0, kNumBoxesQK, true>(s, sQ, stage, bars, parity);
   }
   wgmma_commit();
-  wgmma_wait<0>();
+  mma_wait<0>();
   fence_regs(s);
 }
 
@@ -266,6 +286,7 @@ __device__ void attention_seesaw(const MlaParams& p) {
   const int wg = __shfl_sync(0xffffffffu, tid / 128, 0);
   const Rows rw{16 * (tw / 32) + lane / 4, 16 * (tw / 32) + lane / 4 + 8, lane & 3};
 
+  probe_waits_reset();
   if (tid == 0) {
     for (int st = 0; st < 2; ++st)
       for (int bx = 0; bx < kNumBoxesQK; ++bx) mbar_init(bars[st] + 8 * bx, 1);
@@ -285,6 +306,7 @@ __device__ void attention_seesaw(const MlaParams& p) {
   for (int grp = cr.group0; grp < cr.group_end; ++grp) {
     const UnitWork w = unit_work(p, grp, cr.lane_m, cr.beg, cr.end);
     if (!w.valid) continue;
+    const long long t_unit = probe_clock();
     const Unit& unit = w.unit;
     const int kb0 = w.kb0, kb1 = w.kb1, kv_len = unit.kv_len;
     const int* bt_row = p.block_tables + (long long)unit.b * p.block_table_stride;
@@ -318,7 +340,10 @@ __device__ void attention_seesaw(const MlaParams& p) {
       else if (kb0 + 1 < kb1) qk_block<true>(s, sQ, sKV[1], bars[1], loads[1] & 1);
     }
 
+    probe_file(kSiteProlog, t_unit);
+    const long long t_loop = probe_clock();
     for (int kb = kb0; kb < kb1; kb += 2) {
+      probe_count(kSitePairs);
       const bool has1 = kb + 1 < kb1, has2 = kb + 2 < kb1, has3 = kb + 3 < kb1;
       const uint32_t par0 = loads[0] & 1, par1 = loads[1] & 1, hpar = pairs & 1;
       // Warp 0 of each warpgroup issues this pair's refills: lanes 0-7 hold block kb+2's chunk
@@ -348,12 +373,12 @@ __device__ void attention_seesaw(const MlaParams& p) {
         pv_rs(o, s, sKV[0]);
         // V_L(b) has no reader after this PV: refill it with block b+2 now, not after WG1's
         // softmax (the wait below would wait for this PV anyway).
-        wgmma_wait<0>();
+        mma_wait<0>();
         fence_regs(o);
         if (has2 && tw < 32) issue_kv_half(p, sKV[0], bars[0], kb + 2, 0, page, 0);
 
         // ---- WG1's max is in: rescale to it, hand P0' to WG1, O_L += P1 V_L(b+1) ---------
-        mbar_wait(hand0 + 8 * kHandScale1, hpar);
+        hand_wait(hand0 + 8 * kHandScale1, hpar);
         const float sc1_a = ss.scale1[rw.r_a], sc1_b = ss.scale1[rw.r_b];
         store_p(ss.kv[0] + 8 * kBoxBytes, s, rw, sc1_a, sc1_b);
         fence_proxy_async_smem();
@@ -365,10 +390,10 @@ __device__ void attention_seesaw(const MlaParams& p) {
         if (has1) {
           kv_wait_boxes(bars[1], 0, 4, par1);
           if ((kb + 2) * kBlockN > kv_len) zero_v_tail(ss.kv[1], kv_len - (kb + 1) * kBlockN, 0);
-          mbar_wait(hand0 + 8 * kHandP1, hpar);
+          hand_wait(hand0 + 8 * kHandP1, hpar);
           pv_ss(o, sP1, sKV[1]);
         } else {
-          mbar_wait(hand0 + 8 * kHandP1, hpar);
+          hand_wait(hand0 + 8 * kHandP1, hpar);
         }
         // QK^T of block b+2 queues right behind that PV; V_L(b+1) is refilled with b+3 as soon as
         // the PV is done (wait<1>: only the QK^T group of boxes 0-3 may still run).
@@ -377,18 +402,18 @@ __device__ void attention_seesaw(const MlaParams& p) {
           qk_boxes<0, 4, true>(s, sQ, sKV[0], bars[0], par0 ^ 1);
           wgmma_commit();
           if (has1) {
-            wgmma_wait<1>();
+            mma_wait<1>();
             if (has3 && tw < 32) issue_kv_half(p, sKV[1], bars[1], kb + 3, 0, page, 8);
           }
           qk_boxes<4, kNumBoxesQK, false>(s, sQ, sKV[0], bars[0], par0 ^ 1);
           wgmma_commit();
         }
-        wgmma_wait<0>();
+        mma_wait<0>();
         fence_regs(o);
         fence_regs(s);
       } else {
         // ---- block kb+1: its max first (WG0 needs only that), then P1 and O_R += P1 V_R ----
-        mbar_wait(hand0 + 8 * kHandScale0, hpar);
+        hand_wait(hand0 + 8 * kHandScale0, hpar);
         const float m0_a = ss.m[rw.r_a], m0_b = ss.m[rw.r_b];
         const float sc0_a = ss.scale0[rw.r_a], sc0_b = ss.scale0[rw.r_b];
         float m1_a = m0_a, m1_b = m0_b, sc1_a = 1.f, sc1_b = 1.f;
@@ -425,15 +450,15 @@ __device__ void attention_seesaw(const MlaParams& p) {
           if ((kb + 2) * kBlockN > kv_len) zero_v_tail(ss.kv[1], kv_len - (kb + 1) * kBlockN, 1);
           pv_rs(o, s, sKV[1] + 4 * kBoxBytes);
         }
-        mbar_wait(hand0 + 8 * kHandP0, hpar);
+        hand_wait(hand0 + 8 * kHandP0, hpar);
         kv_wait_boxes(bars[0], 4, 8, par0);
         if ((kb + 1) * kBlockN > kv_len) zero_v_tail(ss.kv[0], kv_len - kb * kBlockN, 1);
         pv_ss(o, sKV[0] + 8 * kBoxBytes, sKV[0] + 4 * kBoxBytes);
         if (has1) {
-          wgmma_wait<1>();
+          mma_wait<1>();
           if (has3 && tw < 32) issue_kv_half(p, sKV[1], bars[1], kb + 3, 1, page, 8);
         }
-        wgmma_wait<0>();
+        mma_wait<0>();
         fence_regs(o);
         if (has2 && tw < 32) issue_kv_half(p, sKV[0], bars[0], kb + 2, 1, page, 0);
         if (has3) qk_block<true>(s, sQ, sKV[1], bars[1], par1 ^ 1);
@@ -443,7 +468,9 @@ __device__ void attention_seesaw(const MlaParams& p) {
       pairs += 1;
     }
 
+    probe_file(kSiteLoop, t_loop);
     // ---- epilogue: full row sums, normalize, write the output or this split's partial ------
+    const long long t_epilog = probe_clock();
     l_a = quad_sum(l_a);
     l_b = quad_sum(l_b);
     if (rw.q4 == 0) {
@@ -456,6 +483,7 @@ __device__ void attention_seesaw(const MlaParams& p) {
                       ss.row_sum[0][rw.r_b] + ss.row_sum[1][rw.r_b], bmm2);
     // The next unit reuses sQ, the stages, m and row_sum: everyone must be past this one's reads.
     __syncthreads();
+    probe_file(kSiteEpilog, t_epilog);
   }
 }
 

@@ -14,6 +14,7 @@ extern "C" __global__ void __launch_bounds__(jit_mla::kNumThreads, 1)
     mla_sm90_attention(const __grid_constant__ MlaParams p) {
   jit_mla::trace_mark(jit_mla::kMarkEntry);
   jit_mla::sm90::attention_seesaw(p);
+  jit_mla::probe_waits_print();
   jit_mla::trace_mark(jit_mla::kMarkAttended);
   jit_mla::combine_splits(p);
   jit_mla::trace_mark(jit_mla::kMarkDone);
