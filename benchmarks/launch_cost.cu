@@ -5,8 +5,10 @@
 // struct, grid 132 x 256, 0 dynamic smem, on a non-blocking stream. It compares
 // the launch paths our launcher could use: classic cudaLaunchKernel,
 // cudaLaunchKernelExC (with/without the PDL attribute), cudaLaunchKernelExC on a
-// cudaKernel_t (what we do with kernels from cudaLibraryGetKernel),
-// cuLaunchKernelEx on a CUfunction / on a CUkernel, and classic cuLaunchKernel.
+// cudaKernel_t (what we do with kernels from cudaLibraryGetKernel), the same with the
+// cooperative attribute, alone and with PDL (our launch since the merge moved into the
+// attention kernel), cuLaunchKernelEx on a CUfunction / on a CUkernel, and classic
+// cuLaunchKernel.
 // Only the launch call is timed (steady_clock before/after), not GPU execution.
 //
 // Build: nvcc -std=c++17 -O2 -arch=sm_90a -o launch_cost launch_cost.cu -lcuda
@@ -135,6 +137,15 @@ int main() {
   cfg.gridDim = kGrid; cfg.blockDim = kBlock; cfg.dynamicSmemBytes = 0; cfg.stream = s;
   cudaLaunchConfig_t cfgPdl = cfg;
   cfgPdl.attrs = &pdl; cfgPdl.numAttrs = 1;
+  // Cooperative (all CTAs resident at once), alone and with PDL.
+  cudaLaunchAttribute coop[2];
+  coop[0].id = cudaLaunchAttributeCooperative;
+  coop[0].val.cooperative = 1;
+  coop[1] = pdl;
+  cudaLaunchConfig_t cfgCoop = cfg;
+  cfgCoop.attrs = coop; cfgCoop.numAttrs = 1;
+  cudaLaunchConfig_t cfgCoopPdl = cfg;
+  cfgCoopPdl.attrs = coop; cfgCoopPdl.numAttrs = 2;
 
   // Driver launch configs, same two flavours.
   CUlaunchAttribute cuPdl{};
@@ -163,6 +174,9 @@ int main() {
   };
   bench("cudaLaunchKernelExC cudaKernel_t, no attr", s, [&] { return kernLaunch(&cfg); });
   bench("cudaLaunchKernelExC cudaKernel_t, PDL attr", s, [&] { return kernLaunch(&cfgPdl); });
+  bench("cudaLaunchKernelExC cudaKernel_t, cooperative", s, [&] { return kernLaunch(&cfgCoop); });
+  bench("cudaLaunchKernelExC cudaKernel_t, cooperative + PDL", s,
+        [&] { return kernLaunch(&cfgCoopPdl); });
   // 5. Driver extensible launch on the CUfunction, then on the CUkernel.
   bench("cuLaunchKernelEx CUfunction, no attr", s, [&] {
     return fnErr ? fnErr : drvErr(cuLaunchKernelEx(&ccfg, cuFn, args, nullptr));
