@@ -21,12 +21,13 @@ def probe(tmp_path) -> JitSpec:
     src.mkdir()
     shutil.copy(DATA / "jit_probe.cu", src / "jit_probe.cu")
     shutil.copytree(DATA / "jit_probe_inc", src / "inc")
-    return JitSpec(
-        name="jit_probe",
-        sources=(src / "jit_probe.cu",),
-        include_dirs=(src / "inc",),
-        hashed_dirs=(src / "inc",),
-    )
+    return probe_spec(src)
+
+
+def probe_spec(src: Path) -> JitSpec:
+    """The JIT probe's spec over a folder holding jit_probe.cu and inc/."""
+    return JitSpec(name="jit_probe", sources=(src / "jit_probe.cu",), include_dirs=(src / "inc",),
+                   hashed_dirs=(src / "inc",))
 
 
 def _capability():

@@ -21,7 +21,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -30,10 +29,9 @@ import pytest
 
 from jit_mla import _paths, cubins, env, jit
 from jit_mla.env import JitError
-from jit_mla.jit import JitSpec
 from test_cubins import FAKE_SOURCES, FAKE_TREE, FAKE_UNSHIPPED_ARCH, write_tree
 from test_jit import _fresh_state  # noqa: F401 - autouse: a private cache dir and empty memos per test
-from test_jit import CHILD, builds, child_args, child_env, edit, run_child
+from test_jit import CHILD, builds, child_args, copy_probe, edit, popen_python, run_child
 
 OTHER_UID = 4321 if os.geteuid() != 4321 else 4322  # any uid but ours; need not exist
 
@@ -70,13 +68,7 @@ time.sleep(600)
 
 
 def start_lock_holder(path: Path) -> subprocess.Popen:
-    proc = subprocess.Popen(
-        [sys.executable, "-c", LOCK_HOLDER, str(path)],
-        env=child_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = popen_python(LOCK_HOLDER, str(path))
     line = proc.stdout.readline()
     assert line.strip() == "locked", f"lock holder did not start:\n{line}{proc.stderr.read()}"
     return proc
@@ -222,14 +214,7 @@ def test_so_swapped_for_another_valid_library_of_the_same_size_is_rebuilt(probe,
     mdir = jit.module_dir(probe)
     so = mdir / "jit_probe.so"
 
-    variant_src = tmp_path / "variant"
-    shutil.copytree(probe.sources[0].parent, variant_src)
-    variant = JitSpec(
-        name="jit_probe",
-        sources=(variant_src / "jit_probe.cu",),
-        include_dirs=(variant_src / "inc",),
-        hashed_dirs=(variant_src / "inc",),
-    )
+    variant = copy_probe(probe, tmp_path / "variant")
     edit(variant.sources[0], "return x + 1;", "return x + 2;")
     assert run_child(variant)[0]["add_one"] == 43
     swapped = (jit.module_dir(variant) / "jit_probe.so").read_bytes()
@@ -347,14 +332,8 @@ def test_lock_of_a_sigkilled_holder_does_not_block(probe, monkeypatch, caplog):
 
 def test_build_sigkilled_mid_compile_does_not_block_the_next(probe, monkeypatch):
     # A child building for real, killed with its compiler once it holds the lock and ninja runs.
-    child = subprocess.Popen(
-        [sys.executable, "-c", CHILD, child_args(probe)],
-        env=child_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,  # its own process group: ninja and nvcc die with it
-    )
+    # start_new_session: its own process group, so ninja and nvcc die with it.
+    child = popen_python(CHILD, child_args(probe), start_new_session=True)
     mdir = jit.module_dir(probe)
     deadline = time.monotonic() + 120
     while not (mdir / "build.ninja").exists():  # written under the lock, just before ninja runs

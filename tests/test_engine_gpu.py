@@ -38,6 +38,12 @@ def _workspace(case) -> torch.Tensor:
     return torch.empty(size, dtype=torch.uint8, device=DEV)
 
 
+def _mixed_case(num_heads: int, seed: int, ragged: bool = True):
+    """Eight requests of mixed KV lengths (3 to 4096, page 64); ragged q_len 0-4, else q_len 2."""
+    return make_case(8, [1, 3, 0, 2, 4, 1, 2, 3] if ragged else 2, num_heads, 64,
+                     [900, 17, 4096, 3, 1200, 64, 65, 2000], ragged=ragged, device=DEV, seed=seed)
+
+
 def _buffers(case):
     rows = case.query.shape[:-1]
     return poisoned_out(rows + (512,), DEV), poisoned_lse(rows, DEV)
@@ -101,8 +107,7 @@ def test_compiled_step_equals_eager(layout):
     from torch._dynamo.testing import CompileCounterWithBackend
 
     ragged = layout == "ragged"
-    case = make_case(8, [1, 3, 0, 2, 4, 1, 2, 3] if ragged else 2, 128, 64,
-                     [900, 17, 4096, 3, 1200, 64, 65, 2000], ragged=ragged, device=DEV, seed=11)  # fmt: skip
+    case = _mixed_case(128, seed=11, ragged=ragged)
     ws = _workspace(case)
     s1, s2 = _scales(case, 0.75)
     out_e, lse_e = _buffers(case)
@@ -415,8 +420,7 @@ def test_launcher_takes_cupy_arrays(monkeypatch, layout):
     from jit_mla.launcher import get_launcher
 
     ragged = layout == "ragged"
-    case = make_case(8, [1, 3, 0, 2, 4, 1, 2, 3] if ragged else 2, 64, 64,
-                     [900, 17, 4096, 3, 1200, 64, 65, 2000], ragged=ragged, device=DEV, seed=19)  # fmt: skip
+    case = _mixed_case(64, seed=19, ragged=ragged)
     ws = _workspace(case)
     out, lse = _buffers(case)
     s1, s2 = _scales(case, 0.5)
@@ -464,8 +468,7 @@ def test_launcher_sm_count_fewer_or_more_than_the_device(monkeypatch, sm_count):
     its SM count, so the cooperative launch fits; the workspace is sized for the caller's value)."""
     from jit_mla.launcher import get_launcher
 
-    case = make_case(8, [1, 3, 0, 2, 4, 1, 2, 3], 64, 64, [900, 17, 4096, 3, 1200, 64, 65, 2000],
-                     ragged=True, device=DEV, seed=23)  # fmt: skip
+    case = _mixed_case(64, seed=23)
     out, lse = _buffers(case)
     s1, s2 = _scales(case, 0.5)
     args = list(_record_launcher_args(monkeypatch, case, _workspace(case), out, lse, s1, s2))

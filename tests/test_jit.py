@@ -20,6 +20,7 @@ from pathlib import Path
 import filelock
 import pytest
 
+from conftest import probe_spec
 from jit_mla import env, jit
 from jit_mla.env import JitError
 from jit_mla.jit import JitSpec
@@ -101,14 +102,20 @@ def child_env() -> dict[str, str]:
     return e
 
 
+def popen_python(code: str, *args: str, **popen_kw) -> subprocess.Popen:
+    """A fresh interpreter running `code` with argv[1:] = args, in child_env(), output piped."""
+    return subprocess.Popen([sys.executable, "-c", code, *args], env=child_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen_kw)
+
+
 def start_child(spec: JitSpec, **extra: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-c", CHILD, child_args(spec, **extra)],
-        env=child_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    return popen_python(CHILD, child_args(spec, **extra))
+
+
+def copy_probe(probe: JitSpec, dest: Path) -> JitSpec:
+    """The probe's files copied to dest, as the probe's spec there."""
+    shutil.copytree(probe.sources[0].parent, dest)
+    return probe_spec(dest)
 
 
 def finish_child(proc: subprocess.Popen) -> tuple[dict, str]:
@@ -184,14 +191,7 @@ def test_key_depends_on_contents_not_mtimes_or_location(probe, tmp_path):
     assert jit.module_key(probe) == key, "touching files must not change the key"
 
     # Same bytes and names elsewhere: same key (a fresh checkout reuses the cache).
-    moved = tmp_path / "moved"
-    shutil.copytree(probe.sources[0].parent, moved)
-    same = JitSpec(
-        name="jit_probe",
-        sources=(moved / "jit_probe.cu",),
-        include_dirs=(moved / "inc",),
-        hashed_dirs=(moved / "inc",),
-    )
+    same = copy_probe(probe, tmp_path / "moved")
     assert jit.module_key(same) == key
 
     # Flags, arch and new files under a hashed dir are part of the key.

@@ -286,7 +286,6 @@ __device__ void attention_seesaw(const MlaParams& p) {
   const int wg = __shfl_sync(0xffffffffu, tid / 128, 0);
   const Rows rw{16 * (tw / 32) + lane / 4, 16 * (tw / 32) + lane / 4 + 8, lane & 3};
 
-  probe_waits_reset();
   if (tid == 0) {
     for (int st = 0; st < 2; ++st)
       for (int bx = 0; bx < kNumBoxesQK; ++bx) mbar_init(bars[st] + 8 * bx, 1);
