@@ -13,7 +13,10 @@ other warpgroup's hand-offs and for its own wgmma, and in its units' prologues, 
 epilogues, with the pair count. This script runs the call once to warm up, then once traced,
 captures the device printf output (it goes to file descriptor 1) and prints per phase the median
 and the largest duration over the CTAs, the spreads of the CTAs' starts and attention ends (the
-barrier waits for the last one), and per warpgroup the wait cycles per block pair.
+barrier waits for the last one), and per warpgroup the wait cycles per block pair. With bit 5
+(32), thread 0 of each warpgroup of CTA 0 records a clock() timeline of a few block pairs
+(TimelineEvent in probe.h), printed here as one merged list: cycles since the first mark, which
+warpgroup, which event.
 """
 
 from __future__ import annotations
@@ -33,6 +36,11 @@ from profile_one import uniform_call  # benchmarks/ is on sys.path: this script'
 
 _LINE = re.compile(r"jit_mla-trace cta=(\d+) sm=(\d+) t=(\d+),(\d+),(\d+),(\d+),(\d+),(\d+)")
 _WAITS = re.compile(r"jit_mla-waits cta=(\d+) wg=(\d+) c=((?:\d+,){7}\d+)")
+_TL = re.compile(r"jit_mla-tl wg=(\d+) i=(\d+) ev=(\d+) t=(\d+)")
+# TimelineEvent (csrc/common/probe.h), in its order.
+TL_EVENTS = ("pair start", "max published", "exps done", "own PV issued", "own PV done", "scale in",
+             "P0 stored", "V landed", "other P in", "other PV issued", "QK 0-3 issued",
+             "other PV done", "QK issued", "QK done", "V_L refill issued")
 SITES = ("qk box", "v box", "hand-off", "wgmma", "loop", "prologue", "epilogue", "pairs")
 _MARK = b"--jit_mla-trace-call--\n"
 MARKS = ("entry", "ready", "planned", "attended", "synced", "done")
@@ -54,6 +62,29 @@ def parse_waits(text: str) -> list[dict]:
         c = [int(x) for x in m.group(3).split(",")]
         rows.append({"cta": int(m.group(1)), "wg": int(m.group(2)), **dict(zip(SITES, c))})
     return rows
+
+
+def parse_timeline(text: str) -> list[dict]:
+    """The timeline probe's marks, both warpgroups merged in time order: wg, event name, t (cycles
+    since the first mark; the probe keeps 24 bits of clock(), so differences are taken mod 2^24)."""
+    raw = [(int(m.group(1)), int(m.group(2)), int(m.group(3)), int(m.group(4))) for m in _TL.finditer(text)]
+    if not raw:
+        return []
+    t0 = min(raw, key=lambda r: (r[0], r[1]))[3]  # wg0's first mark
+    rows = [{"wg": wg, "event": TL_EVENTS[ev] if ev < len(TL_EVENTS) else str(ev),
+             "t": ((t - t0 + (1 << 23)) % (1 << 24)) - (1 << 23)} for wg, _, ev, t in raw]
+    return sorted(rows, key=lambda r: (r["t"], r["wg"]))
+
+
+def format_timeline(rows: list[dict]) -> list[str]:
+    """One line per mark: cycles, the gap to the previous mark, the event in its warpgroup's column."""
+    lines, prev = [], None
+    for r in rows:
+        gap = "" if prev is None else f"+{r['t'] - prev}"
+        cols = [f"{r['event']:16s}", ""] if r["wg"] == 0 else ["", r["event"]]
+        lines.append(f"  {r['t']:8d} {gap:>7s}  {cols[0]:16s}  {cols[1]}")
+        prev = r["t"]
+    return lines
 
 
 def summarize_waits(rows: list[dict]) -> dict:
@@ -136,8 +167,8 @@ def main() -> None:
     b, q_len, h, kv = (int(x) for x in args.shape.split(","))
     data = uniform_call(b, q_len, h, kv)
     text = traced_output(data.run)
-    rows, waits = parse(text), parse_waits(text)
-    if not rows and waits:  # the wait probe alone (bit 4 without bit 3)
+    rows, waits, timeline = parse(text), parse_waits(text), parse_timeline(text)
+    if not rows:  # the wait or timeline probe alone (bit 4 or 5 without bit 3)
         summary = {"ctas": 0, "split": None}
     else:
         summary = summarize(rows)
@@ -153,10 +184,15 @@ def main() -> None:
         print(f"  {wg} ({w['ctas']} CTAs, {w['pairs']} pairs), cycles per pair (share of the loop):")
         for site in SITES[:-1]:
             print(f"    {site:12s} {w[site]['per_pair']:9.0f}  ({100 * w[site]['of_loop']:5.1f}%)")
+    if timeline:
+        clock = re.search(r"jit_mla-clock cycles=(\d+) ns=(\d+)", text)
+        mhz = f", SM clock {1e3 * int(clock.group(1)) / max(1, int(clock.group(2))):.0f} MHz" if clock else ""
+        print(f"  timeline of CTA 0 (clock cycles{mhz}; {'wg0':16s}  wg1):")
+        print("\n".join(format_timeline(timeline)))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"shape": [b, q_len, h, kv], "summary": summary, "ctas": rows,
-                       "waits": wait_summary, "wait_lines": waits}, f, indent=1)
+                       "waits": wait_summary, "wait_lines": waits, "timeline": timeline}, f, indent=1)
 
 
 if __name__ == "__main__":

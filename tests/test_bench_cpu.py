@@ -192,6 +192,15 @@ def test_trace_script_without_a_gpu(monkeypatch):
     assert w["wg0"]["qk box"]["per_pair"] == pytest.approx(50.0)  # (100 + 300) / 8
     assert w["wg0"]["qk box"]["of_loop"] == pytest.approx(0.1)    # 400 / 4000
     assert w["wg1"]["loop"]["per_pair"] == pytest.approx(10.0)
+    # the timeline probe: both warpgroups merged in time, relative to wg0's first mark, 24-bit wrap
+    tl = trace.parse_timeline(
+        "jit_mla-tl wg=1 i=0 ev=5 t=16777200\n"
+        "jit_mla-tl wg=0 i=0 ev=0 t=16777210\n"
+        "jit_mla-tl wg=0 i=1 ev=1 t=20\n")
+    assert [(r["wg"], r["event"], r["t"]) for r in tl] == [
+        (1, "scale in", -10), (0, "pair start", 0), (0, "max published", 26)]
+    assert trace.format_timeline(tl)[2].split() == ["26", "+26", "max", "published"]
+    assert trace.parse_timeline("noise\n") == []
     run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "trace_phases.py"), "--help"],
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 0 and "--shape" in run.stdout, run.stderr

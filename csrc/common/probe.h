@@ -4,8 +4,9 @@
 // softmax arithmetic (mask, max, exps), bit 2 the combine phase (grid barrier and merge) of both
 // kernels, bit 3 prints each CTA's phase times (%globaltimer, ns) at its end, bit 4 prints the
 // cycles thread 0 of each seesaw warpgroup spent in each kind of wait (box loads for QK^T, V
-// loads, hand-offs, wgmma completion) and in each part of its units. Kernel code only: the
-// launcher does not include it.
+// loads, hand-offs, wgmma completion) and in each part of its units, bit 5 prints a clock64
+// timeline of one CTA's seesaw warpgroups over a few block pairs (TimelineEvent). Kernel code
+// only: the launcher does not include it.
 #pragma once
 #include <cstdint>
 #include <cstdio>
@@ -69,6 +70,71 @@ __device__ __forceinline__ void probe_file(int, long long) {}
 __device__ __forceinline__ void probe_count(int) {}
 __device__ __forceinline__ void probe_waits_reset() {}
 __device__ __forceinline__ void probe_waits_print() {}
+#endif
+
+// Events of the timeline probe (bit 5), in the order of the names in benchmarks/trace_phases.py.
+enum TimelineEvent : int {
+  kTlPairStart = 0,  // top of a block pair (both warpgroups)
+  kTlMaxDone,        // WG0: m0 published / WG1: m1 published
+  kTlExpDone,        // exps done (WG1: P1 stored too)
+  kTlPv1Issued,      // own-P RS PV issued
+  kTlPv1Done,        // WG0: own PV complete (wait<0>)
+  kTlScaleGot,       // WG0: WG1's scale1 in / WG1: WG0's m0 in
+  kTlPStored,        // WG0: P0 stored and handed off
+  kTlVReady,         // WG0: V_L(b+1) landed / WG1: V_R(b) landed
+  kTlPGot,           // WG0: P1 in / WG1: P0 in
+  kTlPv2Issued,      // the other warpgroup's P: SS PV issued
+  kTlQkHalfIssued,   // WG0: QK^T boxes 0-3 of b+2 issued
+  kTlPv2Done,        // the SS PV complete
+  kTlQkIssued,       // all QK^T boxes of the next block issued (WG1: qk_block returned)
+  kTlQkDone,         // QK^T of the next block complete
+  kTlLoadsIssued,    // WG0: V_L(b+2) refill issued (after its own PV)
+  kNumTlEvents,
+};
+
+#if (JIT_MLA_PROBE & 32) != 0
+constexpr int kTlCta = 0, kTlPair0 = 8, kTlPairs = 3, kTlMax = 46;  // static smem: the seesaw kernel leaves ~500 B
+__shared__ unsigned int s_tl[2][kTlMax];  // (clock lo 24 bits << 8) | event
+__shared__ int s_tl_n[2];
+__shared__ unsigned long long s_tl_start[2];  // clock64 and %globaltimer at kernel entry
+
+__device__ __forceinline__ unsigned long long globaltimer_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ void tl_reset() {
+  if (threadIdx.x < 2) s_tl_n[threadIdx.x] = 0;
+  if (threadIdx.x == 0) {
+    s_tl_start[0] = clock64();
+    s_tl_start[1] = globaltimer_ns();
+  }
+}
+// Thread 0 of the calling warpgroup records `ev` at the current clock, in CTA kTlCta for block
+// pairs [kTlPair0, kTlPair0 + kTlPairs) of the CTA.
+__device__ __forceinline__ void tl_mark(int ev, unsigned pairs) {
+  if ((threadIdx.x & 127) == 0 && blockIdx.x == kTlCta && pairs >= kTlPair0 && pairs < kTlPair0 + kTlPairs) {
+    const int wg = threadIdx.x >> 7, n = s_tl_n[wg];
+    if (n < kTlMax) {
+      s_tl[wg][n] = ((unsigned)clock() << 8) | (unsigned)ev;
+      s_tl_n[wg] = n + 1;
+    }
+  }
+}
+__device__ __forceinline__ void tl_print() {
+  if ((threadIdx.x & 127) == 0 && blockIdx.x == kTlCta) {
+    const int wg = threadIdx.x >> 7;
+    // The SM clock over the CTA's life: cycles per ns, so the timeline converts to time.
+    if (wg == 0)
+      printf("jit_mla-clock cycles=%llu ns=%llu\n", clock64() - s_tl_start[0], globaltimer_ns() - s_tl_start[1]);
+    for (int i = 0; i < s_tl_n[wg]; ++i)
+      printf("jit_mla-tl wg=%d i=%d ev=%u t=%u\n", wg, i, s_tl[wg][i] & 255u, s_tl[wg][i] >> 8);
+  }
+}
+#else
+__device__ __forceinline__ void tl_reset() {}
+__device__ __forceinline__ void tl_mark(int, unsigned) {}
+__device__ __forceinline__ void tl_print() {}
 #endif
 
 #if (JIT_MLA_PROBE & 8) != 0

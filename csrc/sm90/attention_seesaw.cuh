@@ -40,6 +40,7 @@ constexpr int kHandScale1 = 1;  // WG1 -> WG0: m1 and scale1 published
 constexpr int kHandP1 = 2;      // WG1 -> WG0: P1 in sP1
 constexpr int kHandP0 = 3;      // WG0 -> WG1: P0' (rescaled to m1) in box 8 of block b's stage
 constexpr int kNumHand = 4;
+static_assert(sizeof(SeesawSmem::hand) / sizeof(uint64_t) == kNumHand, "one mbarrier per hand-off");
 // Named barrier (id 0 is __syncthreads): +wg, 128 threads, one warpgroup's smem stores before its
 // own wgmma reads them.
 constexpr int kBarWg = 1;
@@ -76,13 +77,23 @@ __device__ __forceinline__ void mma_wait() {
 // scale 2^(m - m) = 1, never NaN.
 constexpr float kMaxInit = -1e30f;
 
+// tok / page_size and tok % page_size, by shift and mask for a power-of-two page size (every
+// common one): the integer division is a chain of ~20 dependent instructions on the warp that
+// issues the TMA loads, which the whole warpgroup then waits for at its next wgmma.
+__device__ __forceinline__ int page_index(int tok, int page_size) {
+  return (page_size & (page_size - 1)) == 0 ? tok >> (31 - __clz(page_size)) : tok / page_size;
+}
+__device__ __forceinline__ int page_row(int tok, int page_size) {
+  return (page_size & (page_size - 1)) == 0 ? tok & (page_size - 1) : tok % page_size;
+}
+
 // Page id of TMA chunk `chunk` (box_rows tokens) of KV block `block`, or num_pages for chunks past
 // the request: out of bounds, so the TMA writes zeros. Rows past kv_len inside the last page are
 // zeroed later (zero_v_tail).
 __device__ __forceinline__ int chunk_page(const MlaParams& p, const int* bt_row, int block, int chunk,
                                           int kv_len) {
   const int tok = block * kBlockN + chunk * p.kv_box_rows;
-  return tok < kv_len ? __ldg(bt_row + tok / p.page_size) : p.num_pages;
+  return tok < kv_len ? __ldg(bt_row + page_index(tok, p.page_size)) : p.num_pages;
 }
 
 // Warp-collective: one half of KV block `block` -> a stage, by TMA. Half 0: boxes 0-3 (V columns
@@ -96,9 +107,10 @@ __device__ __forceinline__ void issue_kv_half(const MlaParams& p, uint32_t stage
   const int c = lane - lane0;
   if (lane == 0)
     for (int bx = box0; bx < box0 + nbox; ++bx) mbar_arrive_expect_tx(bars + 8 * bx, kBoxBytes);
-  if (c >= 0 && c < kBlockN / p.kv_box_rows) {
+  // kv_box_rows is 8, 16, 32 or 64: chunks per block by a shift, not a division.
+  if (c >= 0 && c < (kBlockN >> (31 - __clz(p.kv_box_rows)))) {
     const int r0 = c * p.kv_box_rows;
-    const int row = (block * kBlockN + r0) % p.page_size;
+    const int row = page_row(block * kBlockN + r0, p.page_size);
     // KV is read by the (at most two) CTAs of a group close together in time and never again in
     // this call: evict-first keeps Q, the block tables and the partner's lines in L2 (measured:
     // B64 kv8192 H16 202 -> 191 µs, B8 kv4096 H128 52 -> 49 µs).
@@ -175,16 +187,9 @@ __device__ __forceinline__ void block_max(float (&s)[32], int blk0, int q4, int 
     mx_a = mx_b = 0.f;
     return;
   }
-  mx_a = -INFINITY;
-  mx_b = -INFINITY;
   if (blk0 + kBlockN <= min(lim_a, lim_b)) {
 #pragma unroll
-    for (int t = 0; t < 8; ++t) {
-      s[4 * t + 0] *= scale_log2; s[4 * t + 1] *= scale_log2;
-      s[4 * t + 2] *= scale_log2; s[4 * t + 3] *= scale_log2;
-      mx_a = fmaxf(mx_a, fmaxf(s[4 * t + 0], s[4 * t + 1]));
-      mx_b = fmaxf(mx_b, fmaxf(s[4 * t + 2], s[4 * t + 3]));
-    }
+    for (int i = 0; i < 32; ++i) s[i] *= scale_log2;
   } else {
 #pragma unroll
     for (int t = 0; t < 8; ++t) {
@@ -194,10 +199,24 @@ __device__ __forceinline__ void block_max(float (&s)[32], int blk0, int q4, int 
         float& x = s[4 * t + e];
         x = tok < (e < 2 ? lim_a : lim_b) ? x * scale_log2 : -INFINITY;
       }
-      mx_a = fmaxf(mx_a, fmaxf(s[4 * t + 0], s[4 * t + 1]));
-      mx_b = fmaxf(mx_b, fmaxf(s[4 * t + 2], s[4 * t + 3]));
     }
   }
+  // Row maxima as trees (depth 4, not a chain of 16 dependent max instructions).
+  float ra[8], rb[8];
+#pragma unroll
+  for (int t = 0; t < 8; ++t) {
+    ra[t] = fmaxf(s[4 * t + 0], s[4 * t + 1]);
+    rb[t] = fmaxf(s[4 * t + 2], s[4 * t + 3]);
+  }
+#pragma unroll
+  for (int w = 4; w >= 1; w /= 2)
+#pragma unroll
+    for (int t = 0; t < w; ++t) {
+      ra[t] = fmaxf(ra[t], ra[t + w]);
+      rb[t] = fmaxf(rb[t], rb[t + w]);
+    }
+  mx_a = ra[0];
+  mx_b = rb[0];
   // The shuffles stay outside the branch: lanes of one warp may take different sides of it.
   mx_a = quad_max(mx_a);
   mx_b = quad_max(mx_b);
@@ -209,17 +228,26 @@ __device__ __forceinline__ void exp_rows(float (&s)[32], float m_a, float m_b, f
     sum_a = sum_b = 1.f;
     return;
   }
-  sum_a = 0.f;
-  sum_b = 0.f;
+  float ra[8], rb[8];
 #pragma unroll
   for (int t = 0; t < 8; ++t) {
     s[4 * t + 0] = exp2_approx(s[4 * t + 0] - m_a);
     s[4 * t + 1] = exp2_approx(s[4 * t + 1] - m_a);
     s[4 * t + 2] = exp2_approx(s[4 * t + 2] - m_b);
     s[4 * t + 3] = exp2_approx(s[4 * t + 3] - m_b);
-    sum_a += s[4 * t + 0] + s[4 * t + 1];
-    sum_b += s[4 * t + 2] + s[4 * t + 3];
+    ra[t] = s[4 * t + 0] + s[4 * t + 1];
+    rb[t] = s[4 * t + 2] + s[4 * t + 3];
   }
+  // Sums as trees (depth 3 after the pairs, not a chain of 16 dependent adds).
+#pragma unroll
+  for (int w = 4; w >= 1; w /= 2)
+#pragma unroll
+    for (int t = 0; t < w; ++t) {
+      ra[t] += ra[t + w];
+      rb[t] += rb[t + w];
+    }
+  sum_a = ra[0];
+  sum_b = rb[0];
 }
 
 // P (fp32 accumulator layout, times per-row factors) -> bf16 into a 128B-swizzled (64, 64) box.
@@ -343,6 +371,7 @@ __device__ void attention_seesaw(const MlaParams& p) {
     const long long t_loop = probe_clock();
     for (int kb = kb0; kb < kb1; kb += 2) {
       probe_count(kSitePairs);
+      tl_mark(kTlPairStart, pairs);
       const bool has1 = kb + 1 < kb1, has2 = kb + 2 < kb1, has3 = kb + 3 < kb1;
       const uint32_t par0 = loads[0] & 1, par1 = loads[1] & 1, hpar = pairs & 1;
       // Warp 0 of each warpgroup issues this pair's refills: lanes 0-7 hold block kb+2's chunk
@@ -363,34 +392,44 @@ __device__ void attention_seesaw(const MlaParams& p) {
           ss.scale0[rw.r_a] = sc0_a; ss.scale0[rw.r_b] = sc0_b;
         }
         mbar_arrive(hand0 + 8 * kHandScale0);
+        tl_mark(kTlMaxDone, pairs);
         float sum_a, sum_b;
         exp_rows(s, m0_a, m0_b, sum_a, sum_b);
+        tl_mark(kTlExpDone, pairs);
         l_a = l_a * sc0_a + sum_a;
         l_b = l_b * sc0_b + sum_b;
         scale_o(o, sc0_a, sc0_b);
         if ((kb + 1) * kBlockN > kv_len) zero_v_tail(ss.kv[0], kv_len - kb * kBlockN, 0);
         pv_rs(o, s, sKV[0]);
+        tl_mark(kTlPv1Issued, pairs);
         // V_L(b) has no reader after this PV: refill it with block b+2 now, not after WG1's
         // softmax (the wait below would wait for this PV anyway).
         mma_wait<0>();
         fence_regs(o);
+        tl_mark(kTlPv1Done, pairs);
         if (has2 && tw < 32) issue_kv_half(p, sKV[0], bars[0], kb + 2, 0, page, 0);
+        tl_mark(kTlLoadsIssued, pairs);
 
         // ---- WG1's max is in: rescale to it, hand P0' to WG1, O_L += P1 V_L(b+1) ---------
         hand_wait(hand0 + 8 * kHandScale1, hpar);
+        tl_mark(kTlScaleGot, pairs);
         const float sc1_a = ss.scale1[rw.r_a], sc1_b = ss.scale1[rw.r_b];
         store_p(ss.kv[0] + 8 * kBoxBytes, s, rw, sc1_a, sc1_b);
         fence_proxy_async_smem();
         mbar_arrive(hand0 + 8 * kHandP0);
+        tl_mark(kTlPStored, pairs);
         scale_o(o, sc1_a, sc1_b);
         l_a *= sc1_a;
         l_b *= sc1_b;
         // Every phase of a hand-off is waited for, P1 or not (synccheck: "missing wait").
         if (has1) {
           kv_wait_boxes(bars[1], 0, 4, par1);
+          tl_mark(kTlVReady, pairs);
           if ((kb + 2) * kBlockN > kv_len) zero_v_tail(ss.kv[1], kv_len - (kb + 1) * kBlockN, 0);
           hand_wait(hand0 + 8 * kHandP1, hpar);
+          tl_mark(kTlPGot, pairs);
           pv_ss(o, sP1, sKV[1]);
+          tl_mark(kTlPv2Issued, pairs);
         } else {
           hand_wait(hand0 + 8 * kHandP1, hpar);
         }
@@ -400,19 +439,24 @@ __device__ void attention_seesaw(const MlaParams& p) {
           wgmma_fence();
           qk_boxes<0, 4, true>(s, sQ, sKV[0], bars[0], par0 ^ 1);
           wgmma_commit();
+          tl_mark(kTlQkHalfIssued, pairs);
           if (has1) {
             mma_wait<1>();
+            tl_mark(kTlPv2Done, pairs);
             if (has3 && tw < 32) issue_kv_half(p, sKV[1], bars[1], kb + 3, 0, page, 8);
           }
           qk_boxes<4, kNumBoxesQK, false>(s, sQ, sKV[0], bars[0], par0 ^ 1);
           wgmma_commit();
+          tl_mark(kTlQkIssued, pairs);
         }
         mma_wait<0>();
         fence_regs(o);
         fence_regs(s);
+        tl_mark(kTlQkDone, pairs);
       } else {
         // ---- block kb+1: its max first (WG0 needs only that), then P1 and O_R += P1 V_R ----
         hand_wait(hand0 + 8 * kHandScale0, hpar);
+        tl_mark(kTlScaleGot, pairs);
         const float m0_a = ss.m[rw.r_a], m0_b = ss.m[rw.r_b];
         const float sc0_a = ss.scale0[rw.r_a], sc0_b = ss.scale0[rw.r_b];
         float m1_a = m0_a, m1_b = m0_b, sc1_a = 1.f, sc1_b = 1.f;
@@ -430,6 +474,7 @@ __device__ void attention_seesaw(const MlaParams& p) {
           ss.scale1[rw.r_a] = sc1_a; ss.scale1[rw.r_b] = sc1_b;
         }
         mbar_arrive(hand0 + 8 * kHandScale1);
+        tl_mark(kTlMaxDone, pairs);
         if (has1) {
           float sum_a, sum_b;
           exp_rows(s, m1_a, m1_b, sum_a, sum_b);
@@ -442,25 +487,33 @@ __device__ void attention_seesaw(const MlaParams& p) {
           l_b *= sc0_b;
         }
         mbar_arrive(hand0 + 8 * kHandP1);  // every pair, so the phase stays the pair count's
+        tl_mark(kTlExpDone, pairs);
         scale_o(o, sc0_a * sc1_a, sc0_b * sc1_b);
 
         // ---- O_R += P1 V_R(b+1) (needs nothing from WG0), then O_R += P0' V_R(b) ------------
         if (has1) {
           if ((kb + 2) * kBlockN > kv_len) zero_v_tail(ss.kv[1], kv_len - (kb + 1) * kBlockN, 1);
           pv_rs(o, s, sKV[1] + 4 * kBoxBytes);
+          tl_mark(kTlPv1Issued, pairs);
         }
         hand_wait(hand0 + 8 * kHandP0, hpar);
+        tl_mark(kTlPGot, pairs);
         kv_wait_boxes(bars[0], 4, 8, par0);
+        tl_mark(kTlVReady, pairs);
         if ((kb + 1) * kBlockN > kv_len) zero_v_tail(ss.kv[0], kv_len - kb * kBlockN, 1);
         pv_ss(o, sKV[0] + 8 * kBoxBytes, sKV[0] + 4 * kBoxBytes);
+        tl_mark(kTlPv2Issued, pairs);
         if (has1) {
           mma_wait<1>();
+          tl_mark(kTlPv1Done, pairs);
           if (has3 && tw < 32) issue_kv_half(p, sKV[1], bars[1], kb + 3, 1, page, 8);
         }
         mma_wait<0>();
         fence_regs(o);
+        tl_mark(kTlPv2Done, pairs);
         if (has2 && tw < 32) issue_kv_half(p, sKV[0], bars[0], kb + 2, 1, page, 0);
         if (has3) qk_block<true>(s, sQ, sKV[1], bars[1], par1 ^ 1);
+        tl_mark(kTlQkDone, pairs);
       }
       loads[0] += 1;
       loads[1] += has1 ? 1 : 0;

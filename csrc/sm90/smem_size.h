@@ -25,7 +25,7 @@ struct SeesawSmem {
   float scale1[kBlockM];              // WG1 -> WG0: 2^(m0 - m1)
   float row_sum[kNumWarpgroups][kBlockM];
   uint64_t bar[2][kNumBoxesQK];       // TMA mbarriers: [stage][box], 8 KB each
-  uint64_t hand[3];                   // warpgroup hand-offs (128 arrivals each), see attention_seesaw
+  uint64_t hand[4];                   // warpgroup hand-offs (128 arrivals each): kNumHand in attention_seesaw
 };
 constexpr int kSeesawSmemBytes = (int)sizeof(SeesawSmem) + 1024;
 // +128: the planner's static shared memory (80 B: warp totals of its scans) comes on top.
