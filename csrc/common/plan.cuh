@@ -9,12 +9,6 @@
 // (num_ctas / m_group of them); a cut falling inside a group's KV blocks splits it (the partials
 // are merged by the combine phase), a cut falling in its overhead snaps to the group's start.
 // Deterministic: the same inputs give the same plan.
-//
-// Where the plan's arrays live while it is computed: in the caller's shared memory when they fit
-// (start_cta: the tile buffers are free before the first load), else in the workspace. Every
-// step reads what the previous one wrote, and a global write-then-read is an L2 round trip per
-// dependent read (the binary searches make chains of them): measured 3.4-4.3 µs per CTA for the
-// plan with global arrays, the fixed cost of every call.
 #pragma once
 #include "../config.h"
 #include "params.h"
@@ -53,17 +47,8 @@ __device__ __forceinline__ long long block_exclusive_scan(long long v, long long
   return warp_base + x - v;
 }
 
-// The plan's arrays (shapes as in MlaParams: group_prefix [B+1], cost_prefix [max_groups+1],
-// bounds [num_ctas/m_group + 1], split_groups [1 + 2 num_ctas]).
-struct PlanArrays {
-  int* group_prefix;
-  int64_t* cost_prefix;
-  WorkPos* bounds;
-  int* split_groups;
-};
-
 template <int NT>
-__device__ void plan_splits(const MlaParams& p, const PlanArrays& a) {
+__device__ void plan_splits(const MlaParams& p) {
   const int tid = threadIdx.x;
   const int B = p.batch;
 
@@ -78,13 +63,13 @@ __device__ void plan_splits(const MlaParams& p, const PlanArrays& a) {
     // Valid prefix sums never exceed max_groups (the workspace's bound); overlapping ragged
     // ranges (an invalid cum_seq_lens_q) could: their excess groups are dropped, not written.
     for (int b = b0; b < b1; ++b) {
-      a.group_prefix[b] = (int)min(run, (long long)p.max_groups);
+      p.group_prefix[b] = (int)min(run, (long long)p.max_groups);
       run += request_num_groups(p, b);
     }
-    if (tid == 0) a.group_prefix[B] = (int)min(total, (long long)p.max_groups);
+    if (tid == 0) p.group_prefix[B] = (int)min(total, (long long)p.max_groups);
   }
   __syncthreads();
-  const int num_groups = a.group_prefix[B];
+  const int num_groups = p.group_prefix[B];
 
   // 2. cost_prefix[g+1] = cost of groups 0..g.
   long long W;
@@ -92,19 +77,19 @@ __device__ void plan_splits(const MlaParams& p, const PlanArrays& a) {
     const int chunk = (num_groups + NT - 1) / NT;
     const int g0 = min(num_groups, tid * chunk), g1 = min(num_groups, g0 + chunk);
     long long local = 0;
-    int b = g0 < g1 ? find_request_in(a.group_prefix, B, g0) : 0;
+    int b = g0 < g1 ? find_request(p, g0) : 0;
     for (int g = g0; g < g1; ++g) {
-      while (a.group_prefix[b + 1] <= g) ++b;
-      local += kUnitOverheadBlocks + group_num_blocks(p, b, g - a.group_prefix[b]);
+      while (p.group_prefix[b + 1] <= g) ++b;
+      local += kUnitOverheadBlocks + group_num_blocks(p, b, g - p.group_prefix[b]);
     }
     long long run = block_exclusive_scan<NT>(local, &W);
-    b = g0 < g1 ? find_request_in(a.group_prefix, B, g0) : 0;
+    b = g0 < g1 ? find_request(p, g0) : 0;
     for (int g = g0; g < g1; ++g) {
-      while (a.group_prefix[b + 1] <= g) ++b;
-      run += kUnitOverheadBlocks + group_num_blocks(p, b, g - a.group_prefix[b]);
-      a.cost_prefix[g + 1] = run;
+      while (p.group_prefix[b + 1] <= g) ++b;
+      run += kUnitOverheadBlocks + group_num_blocks(p, b, g - p.group_prefix[b]);
+      p.cost_prefix[g + 1] = run;
     }
-    if (tid == 0) a.cost_prefix[0] = 0;
+    if (tid == 0) p.cost_prefix[0] = 0;
   }
   __syncthreads();
 
@@ -121,9 +106,9 @@ __device__ void plan_splits(const MlaParams& p, const PlanArrays& a) {
     __shared__ int s_uniform;
     if (tid == 0) s_uniform = 1;
     __syncthreads();
-    const long long first = num_groups > 0 ? a.cost_prefix[1] : 0;
+    const long long first = num_groups > 0 ? p.cost_prefix[1] : 0;
     for (int g = tid; g < num_groups; g += NT)
-      if (a.cost_prefix[g + 1] - a.cost_prefix[g] != first) s_uniform = 0;
+      if (p.cost_prefix[g + 1] - p.cost_prefix[g] != first) s_uniform = 0;
     __syncthreads();
     if (s_uniform && num_groups > S) {
       const int k = (num_groups + S - 1) / S;
@@ -144,13 +129,13 @@ __device__ void plan_splits(const MlaParams& p, const PlanArrays& a) {
         int lo = 0, hi = num_groups - 1;  // largest g with cost_prefix[g] <= x
         while (lo < hi) {
           const int mid = (lo + hi + 1) >> 1;
-          if (a.cost_prefix[mid] <= x) lo = mid; else hi = mid - 1;
+          if (p.cost_prefix[mid] <= x) lo = mid; else hi = mid - 1;
         }
-        const long long k = x - a.cost_prefix[lo] - kUnitOverheadBlocks;
+        const long long k = x - p.cost_prefix[lo] - kUnitOverheadBlocks;
         pos = WorkPos{lo, k > 0 ? (int)k : 0};
       }
     }
-    a.bounds[s] = pos;
+    p.bounds[s] = pos;
   }
   __syncthreads();
 
@@ -165,19 +150,19 @@ __device__ void plan_splits(const MlaParams& p, const PlanArrays& a) {
       bool first_cut = false;
       int group = 0;
       if (s >= 1 && s < S) {
-        const WorkPos cur = a.bounds[s], prev = a.bounds[s - 1];
+        const WorkPos cur = p.bounds[s], prev = p.bounds[s - 1];
         first_cut = cur.block > 0 && !(prev.group == cur.group && prev.block > 0);
         group = cur.group;
       }
       long long count;
       const long long idx = block_exclusive_scan<NT>(first_cut ? 1 : 0, &count);
       if (first_cut) {
-        a.split_groups[1 + 2 * (listed + idx)] = group;
-        a.split_groups[2 + 2 * (listed + idx)] = s - 1;
+        p.split_groups[1 + 2 * (listed + idx)] = group;
+        p.split_groups[2 + 2 * (listed + idx)] = s - 1;
       }
       listed += count;
     }
-    if (tid == 0) a.split_groups[0] = (int)listed;
+    if (tid == 0) p.split_groups[0] = (int)listed;
   }
   __syncthreads();  // the caller reads bounds and group_prefix next
 }

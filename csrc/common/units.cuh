@@ -74,16 +74,13 @@ __device__ __forceinline__ int group_num_blocks(const MlaParams& p, int b, int j
 }
 
 // The request owning group g: the largest b with group_prefix[b] <= g (skips empty requests).
-__device__ __forceinline__ int find_request_in(const int* group_prefix, int batch, int g) {
-  int lo = 0, hi = batch - 1;
+__device__ __forceinline__ int find_request(const MlaParams& p, int g) {
+  int lo = 0, hi = p.batch - 1;
   while (lo < hi) {
     const int mid = (lo + hi + 1) >> 1;
-    if (group_prefix[mid] <= g) lo = mid; else hi = mid - 1;
+    if (p.group_prefix[mid] <= g) lo = mid; else hi = mid - 1;
   }
   return lo;
-}
-__device__ __forceinline__ int find_request(const MlaParams& p, int g) {
-  return find_request_in(p.group_prefix, p.batch, g);
 }
 
 __device__ __forceinline__ bool pos_less(WorkPos a, WorkPos b) {

@@ -65,8 +65,7 @@ __device__ void attention_any_page(const MlaParams& p) {
   const int wg = tid / 128, lane = tid & 31, q4 = lane & 3;
   const int r_a = 16 * ((tid % 128) / 32) + lane / 4, r_b = r_a + 8;
 
-  // Q and the stages: free until the first loads, the plan's scratch.
-  const CtaRange cr = start_cta<kNumThreads>(p, ss.q, (int)(sizeof(ss.q) + sizeof(ss.kv)));
+  const CtaRange cr = start_cta<kNumThreads>(p);
   if (cr.group0 == cr.group_end) return;
 
   const float scale_log2 = load_scale(p.bmm1_scale_ptr, p.bmm1_scale) * kLog2e;

@@ -322,8 +322,7 @@ __device__ void attention_seesaw(const MlaParams& p) {
   }
   __syncthreads();
 
-  // Q and both stages: free until the first loads, the plan's scratch.
-  const CtaRange cr = start_cta<kNumThreads>(p, ss.q, (int)(sizeof(ss.q) + sizeof(ss.kv)));
+  const CtaRange cr = start_cta<kNumThreads>(p);
   if (cr.group0 == cr.group_end) return;
 
   const float scale_log2 = load_scale(p.bmm1_scale_ptr, p.bmm1_scale) * kLog2e;

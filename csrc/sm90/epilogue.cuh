@@ -23,62 +23,30 @@ struct CtaRange {
   int group0, group_end;
 };
 
-__device__ __forceinline__ CtaRange cta_range(const MlaParams& p, const WorkPos* bounds) {
+__device__ __forceinline__ CtaRange cta_range(const MlaParams& p) {
   CtaRange r;
   r.set = blockIdx.x / p.m_group;
   r.lane_m = blockIdx.x % p.m_group;
-  r.beg = bounds[r.set];
-  r.end = bounds[r.set + 1];
+  r.beg = p.bounds[r.set];
+  r.end = p.bounds[r.set + 1];
   r.group0 = r.beg.group;
   r.group_end = r.end.block > 0 ? r.end.group + 1 : r.end.group;
   if (r.beg.group == r.end.group && r.beg.block == r.end.block) r.group_end = r.group0;  // empty
   return r;
 }
 
-// The plan's arrays carved out of `scratch` (shared memory), or nothing (all null) when they do
-// not fit in `bytes`. cost_prefix and bounds first: 8-byte entries.
-__device__ __forceinline__ PlanArrays smem_plan_arrays(const MlaParams& p, uint8_t* scratch, int bytes) {
-  const long long sets = p.num_ctas / p.m_group;
-  const long long need = 8LL * (p.max_groups + 1) + 8LL * (sets + 1) + 4LL * (p.batch + 1) +
-                         4LL * (1 + 2LL * p.num_ctas);
-  if (need > bytes) return PlanArrays{nullptr, nullptr, nullptr, nullptr};
-  PlanArrays a;
-  a.cost_prefix = reinterpret_cast<int64_t*>(scratch);
-  a.bounds = reinterpret_cast<WorkPos*>(a.cost_prefix + p.max_groups + 1);
-  a.group_prefix = reinterpret_cast<int*>(a.bounds + sets + 1);
-  a.split_groups = a.group_prefix + p.batch + 1;
-  return a;
-}
-
 // How every attention CTA starts: nothing the previous kernel in the stream writes (inputs, or
 // the previous call still reading the workspace) may be touched before the PDL wait; then the
 // next kernel may launch (it waits for our completion before it reads anything), this CTA plans
-// the call's splits (as every CTA does) and takes its share. The plan runs in `scratch` (the
-// kernel's tile buffers, unused until its first load) when it fits, and what the later phases
-// read (group_prefix, bounds, split_groups) is then copied to the workspace.
+// the call's splits (as every CTA does) and takes its share.
 template <int kThreads>
-__device__ __forceinline__ CtaRange start_cta(const MlaParams& p, uint8_t* scratch, int scratch_bytes) {
+__device__ __forceinline__ CtaRange start_cta(const MlaParams& p) {
   pdl_wait_primary();
   trace_mark(kMarkReady);
   pdl_launch_dependents();
-  const PlanArrays s = smem_plan_arrays(p, scratch, scratch_bytes);
-  if (s.group_prefix == nullptr) {
-    plan_splits<kThreads>(p, PlanArrays{p.group_prefix, p.cost_prefix, p.bounds, p.split_groups});
-    trace_mark(kMarkPlanned);
-    return cta_range(p, p.bounds);
-  }
-  plan_splits<kThreads>(p, s);  // ends with __syncthreads
-  const int sets = p.num_ctas / p.m_group;
-  for (int i = threadIdx.x; i <= p.batch; i += kThreads) p.group_prefix[i] = s.group_prefix[i];
-  for (int i = threadIdx.x; i <= sets; i += kThreads) p.bounds[i] = s.bounds[i];
-  const int split_ints = 1 + 2 * s.split_groups[0];
-  for (int i = threadIdx.x; i < split_ints; i += kThreads) p.split_groups[i] = s.split_groups[i];
-  const CtaRange r = cta_range(p, s.bounds);
-  // The tile buffers are the kernel's again after this; the workspace copies are visible to
-  // this CTA's threads after it too (unit_work reads group_prefix).
-  __syncthreads();
+  plan_splits<kThreads>(p);
   trace_mark(kMarkPlanned);
-  return r;
+  return cta_range(p);
 }
 
 // One unit of a group, as a CTA of set `set` (lane lane_m) runs it.
