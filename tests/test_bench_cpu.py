@@ -204,3 +204,21 @@ def test_trace_script_without_a_gpu(monkeypatch):
     run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "trace_phases.py"), "--help"],
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 0 and "--shape" in run.stdout, run.stderr
+
+
+def test_ab_script_without_a_gpu(monkeypatch):
+    """benchmarks/ab.py: the same-run table (medians, ratio to main) and its command line."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    ab = _load("ab")
+    times = {"main": [{"s0": 10.0, "s1": 20.0}, {"s0": 12.0, "s1": 20.0}],
+             "v": [{"s0": 9.0, "s1": 22.0}, {"s0": 9.0, "s1": 23.0}]}
+    lines = ab.summarize(times)
+    assert lines[0] == "| shape | main µs | v µs | v / main |" and lines[1] == "|---|---|---|---|"
+    assert lines[2] == "| s0 | 11.0 | 9.0 | 0.818 |"   # medians 11 and 9
+    assert lines[3] == "| s1 | 20.0 | 22.5 | 1.125 |"
+    with pytest.raises(SystemExit, match="not a prepared variant"):
+        ab.run(["no-such-variant"], "", 1, False)
+    for cmd in ("prepare", "run"):
+        r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "ab.py"), cmd, "--help"],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0 and "usage" in r.stdout, r.stderr

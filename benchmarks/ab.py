@@ -1,0 +1,126 @@
+"""Same-run A/B of kernel variants (issue 4): main against patched copies, interleaved on one GPU.
+
+Here (needs nvcc, no GPU), once per variant: a copy of HEAD with the patches applied and its
+cubins built, under .ab/<name>/ (git-ignored: name `.ab` in the device tool's `carry`):
+
+    python benchmarks/ab.py prepare narrow docs/experiments/narrow.patch
+
+On the H200 (after `source .gpu-wheels/activate.sh`), main (this checkout) and each variant in
+turn, `--rounds` times, with `bench_mla.py --quick --no-flashinfer --assume-ceilings`; then a
+table of the medians per shape and the ratio variant / main (< 1: the variant is faster).
+`--suite` first runs the GPU test suite on each variant (a variant that fails is reported and
+not timed):
+
+    python3 benchmarks/ab.py run --shapes 0,4,8,9 --rounds 2 [--suite] narrow desc-add
+
+Two runs of the same code on one instance agree to ~0.5%; runs on different instances do not
+compare (the card's clocks and the host differ): only same-run ratios mean something.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+AB_DIR = ROOT / ".ab"
+SUITE = ["tests/test_bad_values_gpu.py", "tests/test_mla_gpu.py", "tests/test_engine_gpu.py",
+         "tests/test_guard_bands_gpu.py"]
+
+
+def prepare(name: str, patches: list[str]) -> Path:
+    """.ab/<name>/: HEAD's tracked files, the patches applied (patch -p1), cubins built."""
+    dest = AB_DIR / name
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", "HEAD"], check=True, capture_output=True)
+    subprocess.run(["tar", "x", "-C", str(dest)], input=archive.stdout, check=True)
+    for patch in patches:
+        with open(Path(patch).resolve(), "rb") as f:
+            subprocess.run(["patch", "-p1", "--quiet"], cwd=dest, stdin=f, check=True)
+    env = dict(os.environ, PYTHONPATH=str(dest))
+    subprocess.run([sys.executable, "-m", "jit_mla", "build", "--cubins"], cwd=dest, env=env, check=True)
+    return dest
+
+
+def _env(tree: Path, cache: str) -> dict:
+    """The variant's package first on the path (activate.sh puts the main checkout there)."""
+    site = os.environ.get("JIT_MLA_AB_SITE", "/tmp/site")
+    return dict(os.environ, PYTHONPATH=f"{site}:{tree}", JIT_MLA_CACHE_DIR=cache)
+
+
+def bench_once(tree: Path, cache: str, shapes: str, out_dir: str) -> dict[str, float]:
+    """µs per shape name of one quick benchmark run of `tree`."""
+    cmd = [sys.executable, "benchmarks/bench_mla.py", "--quick", "--no-flashinfer", "--assume-ceilings",
+           "--out-dir", out_dir]
+    if shapes:
+        cmd += ["--shapes", shapes]
+    subprocess.run(cmd, cwd=tree, env=_env(tree, cache), check=True, stdout=subprocess.DEVNULL)
+    (result,) = Path(out_dir).glob("*.json")
+    return {row["name"]: row["ours"]["us"] for row in json.loads(result.read_text())["rows"]}
+
+
+def summarize(times: dict[str, list[dict[str, float]]]) -> list[str]:
+    """Table lines: per shape the median µs of each variant and its ratio to the first (main)."""
+    names = list(times)
+    shapes = [s for s in times[names[0]][0]] if times[names[0]] else []
+    med = {v: {s: statistics.median(run[s] for run in times[v]) for s in shapes} for v in names}
+    head = "| shape | " + " | ".join(f"{v} µs" for v in names) + " | " + " | ".join(
+        f"{v} / {names[0]}" for v in names[1:]) + " |"
+    lines = [head, "|" + "---|" * (1 + 2 * len(names) - 1)]
+    for s in shapes:
+        cells = [f"{med[v][s]:.1f}" for v in names] + [f"{med[v][s] / med[names[0]][s]:.3f}" for v in names[1:]]
+        lines.append(f"| {s} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def run(variants: list[str], shapes: str, rounds: int, suite: bool) -> None:
+    trees = {"main": ROOT, **{v: AB_DIR / v for v in variants}}
+    for v, tree in trees.items():
+        if not (tree / "cubins").is_dir():
+            raise SystemExit(f"{tree} is not a prepared variant: run `python benchmarks/ab.py prepare {v} ...` here")
+    if suite:
+        for v, tree in list(trees.items()):
+            r = subprocess.run([sys.executable, "-m", "pytest", "-q", *SUITE], cwd=tree,
+                               env=_env(tree, f"/tmp/ab_cache_{v}"), capture_output=True, text=True)
+            tail = (r.stdout.strip().splitlines() or ["(no output)"])[-1]
+            print(f"suite {v}: {tail}", flush=True)
+            if r.returncode != 0 and v != "main":
+                del trees[v]
+    times: dict[str, list[dict[str, float]]] = {v: [] for v in trees}
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(rounds):
+            for v, tree in trees.items():
+                times[v].append(bench_once(tree, f"/tmp/ab_cache_{v}", shapes, f"{tmp}/{v}_{i}"))
+                print(f"round {i + 1} {v}: done", flush=True)
+    print("\n".join(summarize(times)))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("prepare", help="here: .ab/NAME = HEAD + patches, cubins built")
+    p.add_argument("name")
+    p.add_argument("patches", nargs="*")
+    r = sub.add_parser("run", help="on the GPU: main and the variants, interleaved")
+    r.add_argument("variants", nargs="+")
+    r.add_argument("--shapes", default="", help="bench_mla.py --shapes (default: all)")
+    r.add_argument("--rounds", type=int, default=2)
+    r.add_argument("--suite", action="store_true", help="GPU test suite on each variant first")
+    args = ap.parse_args()
+    if args.cmd == "prepare":
+        print(prepare(args.name, args.patches))
+    else:
+        run(args.variants, args.shapes, args.rounds, args.suite)
+
+
+if __name__ == "__main__":
+    main()
