@@ -39,7 +39,7 @@ _WAITS = re.compile(r"jit_mla-waits cta=(\d+) wg=(\d+) c=((?:\d+,){7}\d+)")
 _TL = re.compile(r"jit_mla-tl wg=(\d+) i=(\d+) ev=(\d+) t=(\d+)")
 # TimelineEvent (csrc/common/probe.h), in its order.
 TL_EVENTS = ("pair start", "max published", "exps done", "own PV issued", "own PV done", "scale in",
-             "P0 stored", "V landed", "other P in", "other PV issued", "QK 0-3 issued",
+             "P0' stored", "V landed", "other P in", "other PV issued", "QK 0-3 issued",
              "other PV done", "QK issued", "QK done", "V_L refill issued")
 SITES = ("qk box", "v box", "hand-off", "wgmma", "loop", "prologue", "epilogue", "pairs")
 _MARK = b"--jit_mla-trace-call--\n"

@@ -78,11 +78,11 @@ enum TimelineEvent : int {
   kTlMaxDone,        // WG0: m0 published / WG1: m1 published
   kTlExpDone,        // exps done (WG1: P1 stored too)
   kTlPv1Issued,      // own-P RS PV issued
-  kTlPv1Done,        // WG0: own PV complete (wait<0>)
+  kTlPv1Done,        // own-P PV complete
   kTlScaleGot,       // WG0: WG1's scale1 in / WG1: WG0's m0 in
-  kTlPStored,        // WG0: P0 stored and handed off
+  kTlPStored,        // WG0: P0' (rescaled to m1) stored and handed off
   kTlVReady,         // WG0: V_L(b+1) landed / WG1: V_R(b) landed
-  kTlPGot,           // WG0: P1 in / WG1: P0 in
+  kTlPGot,           // WG0: P1 in / WG1: P0' in
   kTlPv2Issued,      // the other warpgroup's P: SS PV issued
   kTlQkHalfIssued,   // WG0: QK^T boxes 0-3 of b+2 issued
   kTlPv2Done,        // the SS PV complete
