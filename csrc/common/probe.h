@@ -92,17 +92,19 @@ enum TimelineEvent : int {
   kNumTlEvents,
 };
 
+// %globaltimer (ns), for the trace (bit 3) and timeline (bit 5) probes.
+__device__ __forceinline__ unsigned long long globaltimer_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
 #if (JIT_MLA_PROBE & 32) != 0
 constexpr int kTlCta = 0, kTlPair0 = 8, kTlPairs = 3, kTlMax = 46;  // static smem: the seesaw kernel leaves ~500 B
 __shared__ unsigned int s_tl[2][kTlMax];  // (clock lo 24 bits << 8) | event
 __shared__ int s_tl_n[2];
 __shared__ unsigned long long s_tl_start[2];  // clock64 and %globaltimer at kernel entry
 
-__device__ __forceinline__ unsigned long long globaltimer_ns() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
 __device__ __forceinline__ void tl_reset() {
   if (threadIdx.x < 2) s_tl_n[threadIdx.x] = 0;
   if (threadIdx.x == 0) {
@@ -144,9 +146,7 @@ __device__ __forceinline__ void trace_mark(int mark) {
   if (threadIdx.x == 0) {
     if (mark == kMarkEntry)
       for (int i = 0; i < kNumMarks; ++i) s_probe_trace[i] = 0;  // a skipped mark prints 0
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    s_probe_trace[mark] = t;
+    s_probe_trace[mark] = globaltimer_ns();
   }
 }
 // Thread 0 of every CTA prints its marks, one line, parsed by benchmarks/trace_phases.py.

@@ -178,6 +178,18 @@ struct Rows {
   int r_a, r_b, q4;
 };
 
+// A warpgroup's new running max of rows r_a, r_b and the factor that rescales the old one, into
+// smem (lane 0 of each quad writes), then its arrival on hand-off mbarrier `hand`.
+__device__ __forceinline__ void publish_max(float* m, float* scale, const Rows& rw, float m_a, float m_b,
+                                            float sc_a, float sc_b, uint32_t hand) {
+  __syncwarp();  // every lane of the quad has read m before lane 0 overwrites it
+  if (rw.q4 == 0) {
+    m[rw.r_a] = m_a; m[rw.r_b] = m_b;
+    scale[rw.r_a] = sc_a; scale[rw.r_b] = sc_b;
+  }
+  mbar_arrive(hand);
+}
+
 // Scale S to the log2 domain in place, masking tokens at or past each row's limit, and return the
 // rows' maxima (over the quad). Only blocks that reach a limit pay for the mask: a thread's two
 // rows need none when the whole block [blk0, blk0 + 64) lies below both limits.
@@ -386,12 +398,7 @@ __device__ void attention_seesaw(const MlaParams& p) {
         const float m0_a = fmaxf(mp_a, mx_a), m0_b = fmaxf(mp_b, mx_b);
         const float sc0_a = exp2_approx(mp_a - m0_a), sc0_b = exp2_approx(mp_b - m0_b);
         // WG1's softmax needs only m0: publish it before the exps.
-        __syncwarp();  // every lane of the quad has read m before lane 0 overwrites it
-        if (rw.q4 == 0) {
-          ss.m[rw.r_a] = m0_a; ss.m[rw.r_b] = m0_b;
-          ss.scale0[rw.r_a] = sc0_a; ss.scale0[rw.r_b] = sc0_b;
-        }
-        mbar_arrive(hand0 + 8 * kHandScale0);
+        publish_max(ss.m, ss.scale0, rw, m0_a, m0_b, sc0_a, sc0_b, hand0 + 8 * kHandScale0);
         tl_mark(kTlMaxDone, pairs);
         float sum_a, sum_b;
         exp_rows(s, m0_a, m0_b, sum_a, sum_b);
@@ -468,12 +475,7 @@ __device__ void attention_seesaw(const MlaParams& p) {
           sc1_a = exp2_approx(m0_a - m1_a);
           sc1_b = exp2_approx(m0_b - m1_b);
         }
-        __syncwarp();  // every lane of the quad has read m before lane 0 overwrites it
-        if (rw.q4 == 0) {
-          ss.m[rw.r_a] = m1_a; ss.m[rw.r_b] = m1_b;
-          ss.scale1[rw.r_a] = sc1_a; ss.scale1[rw.r_b] = sc1_b;
-        }
-        mbar_arrive(hand0 + 8 * kHandScale1);
+        publish_max(ss.m, ss.scale1, rw, m1_a, m1_b, sc1_a, sc1_b, hand0 + 8 * kHandScale1);
         tl_mark(kTlMaxDone, pairs);
         if (has1) {
           float sum_a, sum_b;
