@@ -208,7 +208,9 @@ struct Kernels {
   // attention: TMA + seesaw (page sizes 8..64 dividing 64, or multiples of 64);
   // attention_any_page: cp.async loads, any page size (1 included). Both merge their splits
   // themselves (common/combine.cuh): one launch per call.
+  // attention_narrow16/32: TMA pages, transposed tiles for units of at most 16/32 rows.
   cudaKernel_t attention = nullptr, attention_any_page = nullptr;
+  cudaKernel_t attention_narrow16 = nullptr, attention_narrow32 = nullptr;
   std::vector<int> sm_count;  // per device, once its smem limits are raised (0: not yet)
 };
 std::mutex g_mutex;
@@ -236,6 +238,10 @@ void load_cubin(String arch, Bytes data) {
                  "cudaLibraryGetKernel(mla_sm90_attention)");
   MLA_CUDA_CHECK(cudaLibraryGetKernel(&k.attention_any_page, lib, "mla_sm90_attention_any_page"),
                  "cudaLibraryGetKernel(mla_sm90_attention_any_page)");
+  MLA_CUDA_CHECK(cudaLibraryGetKernel(&k.attention_narrow16, lib, "mla_sm90_attention_narrow16"),
+                 "cudaLibraryGetKernel(mla_sm90_attention_narrow16)");
+  MLA_CUDA_CHECK(cudaLibraryGetKernel(&k.attention_narrow32, lib, "mla_sm90_attention_narrow32"),
+                 "cudaLibraryGetKernel(mla_sm90_attention_narrow32)");
   if (g_kernels.library != nullptr) cudaLibraryUnload(g_kernels.library);
   g_kernels = k;
 }
@@ -269,6 +275,14 @@ const Kernels& kernels_for_device(int device, int64_t* sm_count) {
                                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                    sm90::kAttentionSmemBytes, device),
                    "raising the any-page attention kernel's shared-memory limit");
+    MLA_CUDA_CHECK(cudaKernelSetAttributeForDevice(g_kernels.attention_narrow16,
+                                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                   sm90::narrow_smem_bytes<16>(), device),
+                   "raising the narrow attention kernel's shared-memory limit");
+    MLA_CUDA_CHECK(cudaKernelSetAttributeForDevice(g_kernels.attention_narrow32,
+                                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                   sm90::narrow_smem_bytes<32>(), device),
+                   "raising the narrow attention kernel's shared-memory limit");
     int sms = 0;
     MLA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
                    "cudaDeviceGetAttribute(MultiProcessorCount)");
@@ -563,7 +577,16 @@ void run_attention(TensorView out, Optional<TensorView> lse, TensorView query, T
   if (use_tma) p.kv_tmap = kv_tensor_map(p.kv, key_cache.size(0), page_size, row_stride, page_stride);
 
   // ---- 4. launch: one kernel (each CTA plans, attends, then merges splits), PDL when enabled ---
-  if (use_tma)
+  // Uniform query length with at most 32 rows per request (H 16 decode or MTP 2, H 32 decode):
+  // the transposed-tile kernel, whose tensor work is not padded to 64 rows.
+  const int64_t rows_per_request = q_len * num_heads;
+  if (use_tma && !cum_seq_lens_q.has_value() && rows_per_request >= 1 && rows_per_request <= 16)
+    launch(k.attention_narrow16, p.num_ctas, kNumThreads, sm90::narrow_smem_bytes<16>(), stream, enable_pdl,
+           &p, "mla_sm90_attention_narrow16");
+  else if (use_tma && !cum_seq_lens_q.has_value() && rows_per_request >= 1 && rows_per_request <= 32)
+    launch(k.attention_narrow32, p.num_ctas, kNumThreads, sm90::narrow_smem_bytes<32>(), stream, enable_pdl,
+           &p, "mla_sm90_attention_narrow32");
+  else if (use_tma)
     launch(k.attention, p.num_ctas, kNumThreads, sm90::kSeesawSmemBytes, stream, enable_pdl, &p,
            "mla_sm90_attention");
   else

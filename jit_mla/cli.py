@@ -107,8 +107,13 @@ def tma_page_size(page_size: int) -> bool:
     return page_size % 64 == 0 or (page_size >= 8 and 64 % page_size == 0)
 
 
-def attention_kernel(page_size: int) -> str:
-    """The kernel a call with this page size launches (it plans, attends and merges splits)."""
+def attention_kernel(page_size: int, rows_per_request: int = 64, ragged: bool = False) -> str:
+    """The kernel a call launches (it plans, attends and merges splits): csrc/launcher.cu's rule.
+    rows_per_request: q_len * H of a uniform call."""
+    if tma_page_size(page_size) and not ragged and 1 <= rows_per_request <= 16:
+        return "mla_sm90_attention_narrow16 (TMA, transposed tiles)"
+    if tma_page_size(page_size) and not ragged and 1 <= rows_per_request <= 32:
+        return "mla_sm90_attention_narrow32 (TMA, transposed tiles)"
     if tma_page_size(page_size):
         return "mla_sm90_attention (TMA)"
     return "mla_sm90_attention_any_page (cp.async)"
@@ -152,7 +157,8 @@ def _next_call_report() -> str:
             lines.append(f"  cubin:    no kernels for {arch} (jit_mla has {', '.join(sorted(cubins.KERNEL_SOURCES))})")
     lines.append(
         f"  kernels:  {attention_kernel(64)} for page sizes 8, 16, 32, 64 or multiples "
-        f"of 64 (else {attention_kernel(24)}); one cooperative launch per call"
+        f"of 64 (else {attention_kernel(24)}), narrow16/32 for uniform q_len * H <= 16/32 "
+        f"with those pages; one cooperative launch per call"
     )
     return "\n".join(lines)
 

@@ -92,7 +92,8 @@ class KernelSource:
 KERNEL_SOURCES: dict[str, KernelSource] = {
     "sm_90a": KernelSource(
         "sm90/mla_sm90.cu",
-        ("mla_sm90_attention", "mla_sm90_attention_any_page"),
+        ("mla_sm90_attention", "mla_sm90_attention_any_page", "mla_sm90_attention_narrow16",
+         "mla_sm90_attention_narrow32"),
     ),
 }
 

@@ -360,6 +360,11 @@ def test_kernel_choice_follows_the_launchers_page_size_rule():
         assert cli.attention_kernel(page) == "mla_sm90_attention (TMA)", page
     for page in (1, 2, 4, 24, 48, 100, 96):
         assert cli.attention_kernel(page) == "mla_sm90_attention_any_page (cp.async)", page
+    assert cli.attention_kernel(64, 16) == "mla_sm90_attention_narrow16 (TMA, transposed tiles)"
+    assert cli.attention_kernel(32, 32) == "mla_sm90_attention_narrow32 (TMA, transposed tiles)"
+    assert cli.attention_kernel(64, 33) == "mla_sm90_attention (TMA)"
+    assert cli.attention_kernel(64, 16, ragged=True) == "mla_sm90_attention (TMA)"
+    assert cli.attention_kernel(24, 16) == "mla_sm90_attention_any_page (cp.async)"
 
 
 def test_info_reports_the_next_call(capsys):

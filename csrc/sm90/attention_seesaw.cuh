@@ -143,14 +143,14 @@ __device__ __forceinline__ void zero_v_tail(uint8_t* stage, int first_row, int w
 template <int kB0, int kB1, bool kFirst>
 __device__ __forceinline__ void qk_boxes(float (&s)[32], uint32_t sQ, uint32_t stage, uint32_t bars,
                                          uint32_t parity) {
+  const uint64_t dq = make_smem_desc(sQ, 16, 1024), dk = make_smem_desc(stage, 16, 1024);
 #pragma unroll
   for (int bx = kB0; bx < kB1; ++bx) {
     kv_wait(bars + 8 * bx, parity, kSiteQkBox);
 #pragma unroll
     for (int kk = 4 * bx; kk < 4 * bx + 4; ++kk) {
       const uint32_t koff = (kk / 4) * kBoxBytes + (kk % 4) * 32;
-      wgmma_m64n64k16_ss(s, make_smem_desc(sQ + koff, 16, 1024), make_smem_desc(stage + koff, 16, 1024),
-                         kFirst && kk == 4 * kB0 ? 0 : 1);
+      wgmma_m64n64k16_ss(s, desc_add(dq, koff), desc_add(dk, koff), kFirst && kk == 4 * kB0 ? 0 : 1);
     }
   }
 }
@@ -294,20 +294,20 @@ __device__ __forceinline__ void pv_rs(float (&o)[128], const float (&s)[32], uin
     a[kk][2] = pack_bf16x2(s[8 * kk + 4], s[8 * kk + 5]);
     a[kk][3] = pack_bf16x2(s[8 * kk + 6], s[8 * kk + 7]);
   }
+  const uint64_t dv = make_smem_desc(v_boxes, kBoxBytes, 1024);
   wgmma_fence();
 #pragma unroll
-  for (int kk = 0; kk < 4; ++kk)
-    wgmma_m64n256k16_rs_tnspb(o, a[kk], make_smem_desc(v_boxes + kk * 16 * 128, kBoxBytes, 1024), 1);
+  for (int kk = 0; kk < 4; ++kk) wgmma_m64n256k16_rs_tnspb(o, a[kk], desc_add(dv, kk * 16 * 128), 1);
   wgmma_commit();
 }
 
 // O_half += P V_half with P from a swizzled (64, 64) smem box.
 __device__ __forceinline__ void pv_ss(float (&o)[128], uint32_t p_box, uint32_t v_boxes) {
+  const uint64_t dp = make_smem_desc(p_box, 16, 1024), dv = make_smem_desc(v_boxes, kBoxBytes, 1024);
   wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk)
-    wgmma_m64n256k16_ss_tnspb(o, make_smem_desc(p_box + kk * 32, 16, 1024),
-                              make_smem_desc(v_boxes + kk * 16 * 128, kBoxBytes, 1024), 1);
+    wgmma_m64n256k16_ss_tnspb(o, desc_add(dp, kk * 32), desc_add(dv, kk * 16 * 128), 1);
   wgmma_commit();
 }
 

@@ -6,6 +6,7 @@
 #include "../common/params.h"
 #include "../common/probe.h"
 #include "attention_any_page.cuh"
+#include "attention_narrow.cuh"
 #include "attention_seesaw.cuh"
 
 using jit_mla::MlaParams;
@@ -37,4 +38,14 @@ extern "C" __global__ void __launch_bounds__(jit_mla::kNumThreads, 1)
 extern "C" __global__ void __launch_bounds__(jit_mla::kNumThreads, 1)
     mla_sm90_attention_any_page(const __grid_constant__ MlaParams p) {
   attend_then_merge<jit_mla::sm90::attention_any_page>(p);
+}
+
+extern "C" __global__ void __launch_bounds__(jit_mla::kNumThreads, 1)
+    mla_sm90_attention_narrow16(const __grid_constant__ MlaParams p) {
+  attend_then_merge<jit_mla::sm90::attention_narrow<16>>(p);
+}
+
+extern "C" __global__ void __launch_bounds__(jit_mla::kNumThreads, 1)
+    mla_sm90_attention_narrow32(const __grid_constant__ MlaParams p) {
+  attend_then_merge<jit_mla::sm90::attention_narrow<32>>(p);
 }

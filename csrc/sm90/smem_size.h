@@ -35,4 +35,26 @@ static_assert(kSeesawSmemBytes + 128 <= 227 * 1024, "shared memory over the sm_9
 constexpr int kAttentionSmemBytes = (int)sizeof(SharedStorage) + 1024;
 static_assert(kAttentionSmemBytes + 128 <= 227 * 1024, "shared memory over the sm_90 per-block limit");
 
+// The narrow kernel (attention_narrow.cuh; units of at most kN = 16 or 32 rows): two KV stages,
+// one per warpgroup, Q as (kN, 576), each warpgroup's P as (kN, 64).
+template <int kN>
+struct NarrowSmem {
+  uint8_t kv[2][kTileBytes];         // stage w: warpgroup w's KV blocks (64 tokens, 576) bf16
+  uint8_t q[kNumBoxesQK][kN * 128];  // Q rows (kN, 576) bf16 as 9 swizzled boxes of (kN, 64)
+  uint8_t p[2][kN * 128];            // warpgroup w's P: (kN rows, 64 tokens) bf16, swizzled
+  float colmax[2][4][kN];            // per warpgroup and warp: a block's column maxima / sums
+  float m[2][kN];                    // end of a unit: each warpgroup's running max per row
+  float l[2][kN];                    // and its softmax sums
+  uint64_t bar[2][kNumBoxesQK];      // TMA mbarriers: [stage][box]
+};
+template <int kN>
+constexpr int narrow_smem_bytes() {
+  return (int)sizeof(NarrowSmem<kN>) + 1024;  // + re-alignment of the dynamic smem base to 1 KiB
+}
+static_assert(narrow_smem_bytes<32>() + 128 <= 227 * 1024, "shared memory over the sm_90 per-block limit");
+// The end of a unit merges the two warpgroups' O (kN rows, 512) fp32, each in its own stage, rows
+// kMergeStride floats apart (8 more than 512: the float2 reads of 8 rows then hit 8 bank groups).
+constexpr int kMergeStride = kHeadDimV + 8;
+static_assert(32 * kMergeStride * 4 <= kTileBytes, "a warpgroup's O fits in its stage");
+
 }  // namespace jit_mla::sm90

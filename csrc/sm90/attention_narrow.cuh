@@ -1,0 +1,317 @@
+// Split-KV MLA attention for sm_90a when a unit has few rows (query tokens x heads <= kN, 16 or
+// 32: TP8 decode with 16 heads, MTP 2 with 16 heads, 32 heads). The 64-row kernels pad such a
+// unit to 64 rows, so their tensor cores do 4x (2x) the work and set the pace instead of the
+// memory. Here the tiles are transposed, so M = 64 runs over KV tokens or V columns and N = kN
+// over the rows:
+//   S^T = K Q^T          (64 tokens x kN)  m64nNk16 x 36, A = the KV tile (K-major), B = Q
+//   softmax over tokens  per column (a Q row): across the 4 warps through shared memory
+//   O^T += V^T P^T       (512 x kN)        m64nNk16 x 8 tiles x 4, A = V^T (the KV tile read
+//                                          MN-major), B = P (kN rows x 64 tokens, K-major)
+// The two warpgroups run independent loops over alternate KV blocks (warpgroup w: blocks
+// kb0 + w, kb0 + w + 2, ..., in stage w), each with its own running max; at the end of a unit
+// their O, max and sums are merged through shared memory and written by the 64-row epilogue
+// (store_unit_result), so outputs, partials, LSE and sinks are handled as in the other kernels.
+#pragma once
+#include <cuda_bf16.h>
+
+#include "../common/device_utils.cuh"
+#include "../common/params.h"
+#include "../common/plan.cuh"
+#include "../common/units.cuh"
+#include "../config.h"
+#include "attention_seesaw.cuh"  // chunk_page, issue_kv_half, kv_wait, kMaxInit
+#include "epilogue.cuh"
+#include "tile_utils.cuh"
+#include "smem_size.h"
+#include "wgmma.cuh"
+#include "wgmma_narrow.cuh"
+
+namespace jit_mla::sm90 {
+
+// Q rows [row_base, row_base + rows) -> the (kN, 576) B tile; rows past `rows` zero-filled.
+template <int kN>
+__device__ __forceinline__ void load_q_rows(uint32_t sQ, const MlaParams& p, long long row_base, int rows) {
+  const int chunk = threadIdx.x & 7, r = threadIdx.x >> 3;  // 32 rows of 8 chunks per pass
+  if (r >= kN) return;
+  const bool valid = r < rows;
+  const __nv_bfloat16* src =
+      static_cast<const __nv_bfloat16*>(p.q) + (valid ? (row_base + r) * kHeadDimQK : 0) + chunk * 8;
+  const uint32_t dst = sQ + swizzled(r, chunk);
+#pragma unroll
+  for (int box = 0; box < kNumBoxesQK; ++box) cp_async_16(dst + box * kN * 128, src + box * kBoxCols, valid);
+}
+
+// A warpgroup's 128 threads (named barrier 1 + wg; constant ids, so ptxas reserves only those).
+__device__ __forceinline__ void wg_barrier(int wg) {
+  if (wg == 0) named_barrier_sync(1, 128);
+  else named_barrier_sync(2, 128);
+}
+
+// Zero V rows [first_row, 64) of the 8 V boxes of a stage (a page's rows past kv_len hold
+// anything, NaN included, and P = 0 does not cancel 0 * NaN), then make them visible to wgmma.
+__device__ __forceinline__ void zero_v_rows(uint8_t* stage, int first_row, int wg) {
+  const int tw = threadIdx.x & 127;
+  const int n = (kBlockN - first_row) * 8 * 8;  // 16-byte chunks: rows x 8 boxes x 8
+  for (int i = tw; i < n; i += 128) {
+    const int r = first_row + i / 64, bx = (i / 8) % 8, c = i % 8;
+    *reinterpret_cast<uint4*>(stage + bx * kBoxBytes + r * 128 + c * 16) = make_uint4(0, 0, 0, 0);
+  }
+  fence_proxy_async_smem();
+  wg_barrier(wg);
+}
+
+// Lanes 0-7 of warp 0: the page ids of block `block`'s TMA chunks, read a block ahead of their
+// use so the refill does not wait on the block table.
+__device__ __forceinline__ int block_pages(const MlaParams& p, const int* bt_row, int block, int kv_len) {
+  const int lane = threadIdx.x & 31;
+  return lane < 8 ? chunk_page(p, bt_row, block, lane, kv_len) : p.num_pages;
+}
+
+template <int kN>
+__device__ void attention_narrow(const MlaParams& p) {
+  constexpr int kT = kN / 8;       // column octets per thread: columns 8t + 2 q4 + {0, 1}
+  constexpr int kAcc = kN / 2;     // fp32 registers of one m64nN accumulator
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t raw_addr = smem_u32(smem_raw);
+  NarrowSmem<kN>& ss = *reinterpret_cast<NarrowSmem<kN>*>(smem_raw + ((1024 - (raw_addr & 1023)) & 1023));
+
+  const int tid = threadIdx.x, tw = tid % 128, lane = tid & 31, q4 = lane & 3;
+  const int wg = __shfl_sync(0xffffffffu, tid / 128, 0);  // warp-uniform: wgmma under it is not serialized
+  const int warp = tw / 32;
+  const int r_a = 16 * warp + lane / 4, r_b = r_a + 8;  // accumulator rows: tokens (S^T) or V columns
+  const uint32_t sQ = smem_u32(ss.q), sP = smem_u32(ss.p[wg]);
+  const uint32_t stage = smem_u32(ss.kv[wg]), bars = smem_u32(&ss.bar[wg][0]);
+
+  if (tid == 0) {
+    for (int st = 0; st < 2; ++st)
+      for (int bx = 0; bx < kNumBoxesQK; ++bx) mbar_init(smem_u32(&ss.bar[st][bx]), 1);
+    fence_mbar_init();
+  }
+  __syncthreads();
+
+  const CtaRange cr = start_cta<kNumThreads>(p);
+  if (cr.group0 == cr.group_end) return;
+
+  const float scale_log2 = load_scale(p.bmm1_scale_ptr, p.bmm1_scale) * kLog2e;
+  const float bmm2 = load_scale(p.bmm2_scale_ptr, p.bmm2_scale);
+  uint32_t loads = 0;  // blocks loaded into this warpgroup's stage so far: the mbarrier phase count
+
+  for (int grp = cr.group0; grp < cr.group_end; ++grp) {
+    const UnitWork w = unit_work(p, grp, cr.lane_m, cr.beg, cr.end);
+    if (!w.valid) continue;
+    const Unit& unit = w.unit;
+    const int kb0 = w.kb0, kb1 = w.kb1, kv_len = unit.kv_len;
+    const int* bt_row = p.block_tables + (long long)unit.b * p.block_table_stride;
+
+    if (tw < 32 && kb0 + wg < kb1) {
+      const int page = block_pages(p, bt_row, kb0 + wg, kv_len);
+      issue_kv_half(p, stage, bars, kb0 + wg, 0, page, 0);
+      issue_kv_half(p, stage, bars, kb0 + wg, 1, page, 0);
+    }
+    load_q_rows<kN>(sQ, p, unit.q_row_base, unit.rows);
+    cp_async_commit();
+    cp_async_wait_all();
+    fence_proxy_async_smem();
+    __syncthreads();
+
+    // This thread's columns (Q rows) c = 8t + 2 q4 + e: KV limits, running max and sums.
+    int lim[kT][2];
+    float m_run[kT][2], l_run[kT][2];
+#pragma unroll
+    for (int t = 0; t < kT; ++t)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        lim[t][e] = unit_row_limit(p, unit, 8 * t + 2 * q4 + e);
+        m_run[t][e] = kMaxInit;
+        l_run[t][e] = 0.f;
+      }
+    float acc[8][kAcc];  // O^T: tile i holds V columns [64 i, 64 i + 64) x the kN rows
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+#pragma unroll
+      for (int j = 0; j < kAcc; ++j) acc[i][j] = 0.f;
+
+    for (int kb = kb0 + wg; kb < kb1; kb += 2) {
+      const uint32_t par = loads & 1;
+      const bool next = kb + 2 < kb1;
+      const int next_page = tw < 32 && next ? block_pages(p, bt_row, kb + 2, kv_len) : p.num_pages;
+      // ---- S^T = K Q^T, box by box as they land -----------------------------------------
+      float st[kAcc];
+      wgmma_fence();
+#pragma unroll
+      for (int bx = 0; bx < kNumBoxesQK; ++bx) {
+        kv_wait(bars + 8 * bx, par, kSiteQkBox);
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+          WgmmaNarrow<kN, 0>::mma(st, make_smem_desc(stage + bx * kBoxBytes + kk * 32, 16, 1024),
+                                  make_smem_desc(sQ + bx * kN * 128 + kk * 32, 16, 1024),
+                                  bx == 0 && kk == 0 ? 0 : 1);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_regs(st);
+
+      // ---- mask, scale to log2, column maxima over the block's 64 tokens --------------------
+      const int tok_a = kb * kBlockN + r_a, tok_b = kb * kBlockN + r_b;
+      float cm[kT][2];
+#pragma unroll
+      for (int t = 0; t < kT; ++t)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float& xa = st[4 * t + e];
+          float& xb = st[4 * t + 2 + e];
+          xa = tok_a < lim[t][e] ? xa * scale_log2 : -INFINITY;
+          xb = tok_b < lim[t][e] ? xb * scale_log2 : -INFINITY;
+          float v = fmaxf(xa, xb);
+          v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 4));
+          v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 8));
+          v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 16));
+          cm[t][e] = v;
+        }
+      if (lane < 4)
+#pragma unroll
+        for (int t = 0; t < kT; ++t)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) ss.colmax[wg][warp][8 * t + 2 * q4 + e] = cm[t][e];
+      wg_barrier(wg);
+
+      // ---- running max, P = 2^(s - m) into sP as (rows, tokens), O^T rescaled ------------
+      float sc[kT][2];
+      bool grew = false;
+#pragma unroll
+      for (int t = 0; t < kT; ++t)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int c = 8 * t + 2 * q4 + e;
+          const float bm = fmaxf(fmaxf(ss.colmax[wg][0][c], ss.colmax[wg][1][c]),
+                                 fmaxf(ss.colmax[wg][2][c], ss.colmax[wg][3][c]));
+          const float mn = fmaxf(m_run[t][e], bm);
+          sc[t][e] = exp2_approx(m_run[t][e] - mn);
+          grew |= sc[t][e] != 1.f;
+          m_run[t][e] = mn;
+          const float pa = exp2_approx(st[4 * t + e] - mn), pb = exp2_approx(st[4 * t + 2 + e] - mn);
+          l_run[t][e] = l_run[t][e] * sc[t][e] + pa + pb;
+          // P row c, tokens r_a and r_b: 16-byte chunk token / 8 of the swizzled 128-byte row.
+          *reinterpret_cast<__nv_bfloat16*>(ss.p[wg] + swizzled(c, r_a >> 3) + 2 * (r_a & 7)) =
+              __float2bfloat16_rn(pa);
+          *reinterpret_cast<__nv_bfloat16*>(ss.p[wg] + swizzled(c, r_b >> 3) + 2 * (r_b & 7)) =
+              __float2bfloat16_rn(pb);
+        }
+      if (__any_sync(0xffffffffu, grew)) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+#pragma unroll
+          for (int t = 0; t < kT; ++t)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[i][4 * t + e] *= sc[t][e & 1];
+      }
+      if ((kb + 1) * kBlockN > kv_len) {
+        zero_v_rows(ss.kv[wg], kv_len - kb * kBlockN, wg);  // its barrier also publishes sP
+      } else {
+        fence_proxy_async_smem();
+        wg_barrier(wg);  // sP complete; colmax read by every warp
+      }
+
+      // ---- O^T += V^T P^T: 8 tiles of 64 V columns, 4 k-steps of 16 tokens -----------------
+      // Two commit groups (V boxes 0-3, then 4-7): the first half of the stage is refilled as
+      // soon as its tiles are done.
+      wgmma_fence();
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int i = 4 * h; i < 4 * h + 4; ++i)
+#pragma unroll
+          for (int kk = 0; kk < 4; ++kk)
+            WgmmaNarrow<kN, 1>::mma(acc[i], make_smem_desc(stage + i * kBoxBytes + kk * 16 * 128, kBoxBytes, 1024),
+                                    make_smem_desc(sP + kk * 32, 16, 1024), 1);
+        wgmma_commit();
+      }
+      wgmma_wait<1>();
+      if (tw < 32 && next) issue_kv_half(p, stage, bars, kb + 2, 0, next_page, 0);
+      wgmma_wait<0>();
+#pragma unroll
+      for (int i = 0; i < 8; ++i) fence_regs(acc[i]);
+
+      // The rest of the stage (V boxes 4-7, the rope box) and sP are free: refill.
+      loads += 1;
+      if (tw < 32 && next) issue_kv_half(p, stage, bars, kb + 2, 1, next_page, 0);
+    }
+
+    // ---- epilogue: each warpgroup's sums, max and O to shared memory, merged per row ----------
+    // Sums over the 8 row lanes (xor 4, 8, 16) and the 4 warps.
+#pragma unroll
+    for (int t = 0; t < kT; ++t)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float v = l_run[t][e];
+        v += __shfl_xor_sync(0xffffffffu, v, 4);
+        v += __shfl_xor_sync(0xffffffffu, v, 8);
+        v += __shfl_xor_sync(0xffffffffu, v, 16);
+        l_run[t][e] = v;
+      }
+    wg_barrier(wg);  // every warp is past its last colmax read
+    if (lane < 4)
+#pragma unroll
+      for (int t = 0; t < kT; ++t)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int c = 8 * t + 2 * q4 + e;
+          ss.colmax[wg][warp][c] = l_run[t][e];
+          if (warp == 0) ss.m[wg][c] = m_run[t][e];
+        }
+    // O^T of this warpgroup -> its own stage as (kN rows, 512) fp32, rows kMergeStride apart
+    // (padding against bank conflicts): its loads are all consumed.
+    float* ob = reinterpret_cast<float*>(ss.kv[wg]);
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+#pragma unroll
+      for (int t = 0; t < kT; ++t)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int c = 8 * t + 2 * q4 + (e & 1), v = 64 * i + (e < 2 ? r_a : r_b);
+          ob[c * kMergeStride + v] = acc[i][4 * t + e];
+        }
+    wg_barrier(wg);
+    if (tw < kN)
+      ss.l[wg][tw] = ss.colmax[wg][0][tw] + ss.colmax[wg][1][tw] + ss.colmax[wg][2][tw] + ss.colmax[wg][3][tw];
+    __syncthreads();
+
+    // The 64-row epilogue's layout: rows r_a, r_b (Q rows here), this warpgroup's 256 columns.
+    const float* ob0 = reinterpret_cast<const float*>(ss.kv[0]);
+    const float* ob1 = reinterpret_cast<const float*>(ss.kv[1]);
+    float o[128];
+    float mrow[2] = {kMaxInit, kMaxInit}, tot[2] = {0.f, 0.f};
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = h == 0 ? r_a : r_b;
+      float f0 = 0.f, f1 = 0.f;
+      if (r < kN) {
+        const float m0 = ss.m[0][r], m1 = ss.m[1][r], mx = fmaxf(m0, m1);
+        f0 = exp2_approx(m0 - mx);
+        f1 = exp2_approx(m1 - mx);
+        mrow[h] = mx;
+        tot[h] = ss.l[0][r] * f0 + ss.l[1][r] * f1;
+      }
+#pragma unroll
+      for (int t = 0; t < kOCols / 8; ++t) {
+        const int col = wg * kOCols + 8 * t + 2 * q4;
+        float2 v = make_float2(0.f, 0.f);
+        if (r < kN) {
+          const float2 a = *reinterpret_cast<const float2*>(ob0 + r * kMergeStride + col);
+          const float2 b = *reinterpret_cast<const float2*>(ob1 + r * kMergeStride + col);
+          v = make_float2(a.x * f0 + b.x * f1, a.y * f0 + b.y * f1);
+        }
+        o[4 * t + 2 * h + 0] = v.x;
+        o[4 * t + 2 * h + 1] = v.y;
+      }
+    }
+    store_unit_result(p, w, partial_slot(p, cr.set, grp, cr.lane_m), wg, r_a, r_b, q4, o, mrow[0], mrow[1],
+                      tot[0], tot[1], bmm2);
+    // The next unit reuses the stages (they hold the merge buffers; its TMA writes must come
+    // after these generic-proxy reads), Q, colmax, m and l.
+    fence_proxy_async_smem();
+    __syncthreads();
+  }
+}
+
+}  // namespace jit_mla::sm90
