@@ -271,6 +271,23 @@ def _run_nvcc(cmd: list[str], cwd: str) -> None:
     if proc.returncode != 0:
         tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-_OUTPUT_TAIL_LINES:])
         raise CubinError(f"nvcc failed (exit {proc.returncode}): {shlex.join(cmd)}\n{tail}")
+    check_ptxas_output(proc.stdout + proc.stderr)
+
+
+def check_ptxas_output(text: str) -> None:
+    """Refuse a build in which ptxas serialized the wgmma instructions (its note C7520).
+
+    ptxas reports it as information, and the cubin is correct, but each wgmma then waits for the
+    previous one: measured 20-33% slower on every shape (session 6; twice an unrelated change in
+    the planner's code triggered it, read at first as an instruction-cache effect).
+    """
+    hits = [line.strip() for line in text.splitlines() if "(C7520)" in line]
+    if hits:
+        raise CubinError(
+            "ptxas serialized wgmma instructions (C7520), which makes the kernel 20-33% slower; "
+            "change the code so that no wgmma depends on a compiler-inserted warpgroup.arrive "
+            "in a divergent path:\n" + "\n".join(hits)
+        )
 
 
 def _function_symbols(data: bytes) -> set[str]:

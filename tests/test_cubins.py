@@ -445,3 +445,15 @@ def test_cli_info_reports_manifest_status(fake, capsys):
     assert cli.main(["info"]) == 0
     assert "problem: " in capsys.readouterr().out
 
+
+
+def test_ptxas_serialized_wgmma_fails_the_build():
+    # ptxas's C7520 is "info", not an error, but the kernel it describes runs 20-33% slower.
+    cubins.check_ptxas_output("ptxas info    : (C7519) warpgroup.arrive is injected in around line 7\n")
+    text = (
+        "ptxas info    : (C7520) Potential Performance Loss: wgmma.mma_async instructions are "
+        "serialized due to program dependence on compiler-inserted WG.AR in divergent path in "
+        "the function 'mla_sm90_attention'\n"
+    )
+    with pytest.raises(CubinError, match=r"C7520.*\n.*mla_sm90_attention"):
+        cubins.check_ptxas_output(text)

@@ -77,6 +77,15 @@ __device__ __forceinline__ void mma_wait() {
 // scale 2^(m - m) = 1, never NaN.
 constexpr float kMaxInit = -1e30f;
 
+// The running max only moves when a block's max exceeds it by more than kLazyMax (log2 domain):
+// P = 2^(s - m) then stays <= 2^kLazyMax (exact in fp32, and in bf16 as relative precision),
+// and O and the row sums are rescaled (128 multiplies per thread) only on those rare steps, not
+// every time a row's max grows a little. The result is the same: O and l share the stale max.
+constexpr float kLazyMax = 8.f;
+__device__ __forceinline__ float lazy_max(float m_old, float blk_max) {
+  return blk_max > m_old + kLazyMax ? blk_max : m_old;
+}
+
 // tok / page_size and tok % page_size, by shift and mask for a power-of-two page size (every
 // common one): the integer division is a chain of ~20 dependent instructions on the warp that
 // issues the TMA loads, which the whole warpgroup then waits for at its next wgmma.
@@ -395,7 +404,7 @@ __device__ void attention_seesaw(const MlaParams& p) {
         float mx_a, mx_b;
         block_max(s, kb * kBlockN, rw.q4, lim_a, lim_b, scale_log2, mx_a, mx_b);
         const float mp_a = ss.m[rw.r_a], mp_b = ss.m[rw.r_b];
-        const float m0_a = fmaxf(mp_a, mx_a), m0_b = fmaxf(mp_b, mx_b);
+        const float m0_a = lazy_max(mp_a, mx_a), m0_b = lazy_max(mp_b, mx_b);
         const float sc0_a = exp2_approx(mp_a - m0_a), sc0_b = exp2_approx(mp_b - m0_b);
         // WG1's softmax needs only m0: publish it before the exps.
         publish_max(ss.m, ss.scale0, rw, m0_a, m0_b, sc0_a, sc0_b, hand0 + 8 * kHandScale0);
@@ -470,8 +479,8 @@ __device__ void attention_seesaw(const MlaParams& p) {
         if (has1) {
           float mx_a, mx_b;
           block_max(s, (kb + 1) * kBlockN, rw.q4, lim_a, lim_b, scale_log2, mx_a, mx_b);
-          m1_a = fmaxf(m0_a, mx_a);
-          m1_b = fmaxf(m0_b, mx_b);
+          m1_a = lazy_max(m0_a, mx_a);
+          m1_b = lazy_max(m0_b, mx_b);
           sc1_a = exp2_approx(m0_a - m1_a);
           sc1_b = exp2_approx(m0_b - m1_b);
         }
