@@ -173,7 +173,7 @@ CtaPlan cta_plan(int64_t num_heads, int64_t sm_count) {
 
 // Byte offsets of the workspace's parts, and the CTA plan they are sized for.
 struct WorkspaceLayout {
-  size_t group_prefix, bounds, split_groups, partial_lse, partial_o, total;
+  size_t group_prefix, cost_prefix, bounds, split_groups, partial_lse, partial_o, total;
   CtaPlan ctas;
 };
 
@@ -185,6 +185,7 @@ WorkspaceLayout workspace_layout(int64_t batch, int64_t total_q, int64_t num_hea
   const int64_t slots = kSlotsPerCta * ctas;
   size_t off = 0;
   w.group_prefix = off; off = align_up(off + sizeof(int) * (batch + 1));
+  w.cost_prefix = off;  off = align_up(off + sizeof(int64_t) * (units + 1));
   w.bounds = off;       off = align_up(off + sizeof(WorkPos) * (ctas + 1));
   w.split_groups = off; off = align_up(off + sizeof(int) * (2 * ctas + 1));
   w.partial_lse = off;  off = align_up(off + sizeof(float) * slots * kBlockM);
@@ -562,6 +563,7 @@ void run_attention(TensorView out, Optional<TensorView> lse, TensorView query, T
   p.out = data_of(out);
   p.lse = lse.has_value() ? reinterpret_cast<float*>(data_of(*lse)) : nullptr;
   p.group_prefix = reinterpret_cast<int*>(ws_base + ws.group_prefix);
+  p.cost_prefix = reinterpret_cast<int64_t*>(ws_base + ws.cost_prefix);
   p.bounds = reinterpret_cast<WorkPos*>(ws_base + ws.bounds);
   p.split_groups = reinterpret_cast<int*>(ws_base + ws.split_groups);
   p.partial_lse = reinterpret_cast<float*>(ws_base + ws.partial_lse);

@@ -51,11 +51,12 @@ struct MlaParams {
 
   // ---- workspace (laid out by workspace_layout in the launcher) -------------------------------
   int* group_prefix;          // [B+1]: first group of each request
+  int64_t* cost_prefix;       // [max_groups+1]: cumulative cost of groups, in KV-block units
   WorkPos* bounds;            // [num_ctas/m_group + 1]: CTA set s works on [bounds[s], bounds[s+1])
   int* split_groups;          // [1 + 2 num_ctas]: count, then (group, its first set) of each split group
   float* partial_lse;         // [kSlotsPerCta * num_ctas, 64]
   float* partial_o;           // [kSlotsPerCta * num_ctas, 64, 512] normalized fp32
-  int max_groups;             // upper bound of the group count (the plan clamps to it)
+  int max_groups;             // upper bound of the group count (sizes cost_prefix)
   int num_ctas;               // grid of the attention kernel (cooperative), a multiple of m_group
   int m_group;                // CTAs per set: units of a group run side by side (1 or 2)
 };

@@ -51,18 +51,8 @@ template <int NT>
 __device__ void plan_splits(const MlaParams& p) {
   const int tid = threadIdx.x;
   const int B = p.batch;
-  // Every value one thread needs from another goes through a global write, a barrier and a
-  // global read (an L2 round trip, ~0.3-0.5 µs): the plan is a chain of them, so it keeps them
-  // few. Scan totals come back in registers, the groups' cost range is reduced in shared memory,
-  // and each group writes the set boundaries that fall inside it (no search over the costs).
-  __shared__ int s_cost_min, s_cost_max;
-  if (tid == 0) {
-    s_cost_min = INT_MAX;
-    s_cost_max = INT_MIN;
-  }
 
   // 1. group_prefix[b]: first group of request b. Each thread scans a contiguous chunk serially.
-  int num_groups;
   {
     const int chunk = (B + NT - 1) / NT;
     const int b0 = min(B, tid * chunk), b1 = min(B, b0 + chunk);
@@ -76,35 +66,32 @@ __device__ void plan_splits(const MlaParams& p) {
       p.group_prefix[b] = (int)min(run, (long long)p.max_groups);
       run += request_num_groups(p, b);
     }
-    num_groups = (int)min(total, (long long)p.max_groups);
-    if (tid == 0) p.group_prefix[B] = num_groups;
+    if (tid == 0) p.group_prefix[B] = (int)min(total, (long long)p.max_groups);
   }
   __syncthreads();
+  const int num_groups = p.group_prefix[B];
 
-  // 2. Costs: group g costs kUnitOverheadBlocks + its KV blocks; this thread's chunk of groups,
-  //    its cost prefix (run, from the scan) and the total W. All groups equal <=> min == max.
-  const int chunk = (num_groups + NT - 1) / NT;
-  const int g0 = min(num_groups, tid * chunk), g1 = min(num_groups, g0 + chunk);
-  const int b_g0 = g0 < g1 ? find_request(p, g0) : 0;
-  long long W, run;
+  // 2. cost_prefix[g+1] = cost of groups 0..g.
+  long long W;
   {
+    const int chunk = (num_groups + NT - 1) / NT;
+    const int g0 = min(num_groups, tid * chunk), g1 = min(num_groups, g0 + chunk);
     long long local = 0;
-    int cmin = INT_MAX, cmax = INT_MIN;
-    int b = b_g0;
+    int b = g0 < g1 ? find_request(p, g0) : 0;
     for (int g = g0; g < g1; ++g) {
       while (p.group_prefix[b + 1] <= g) ++b;
-      const int c = kUnitOverheadBlocks + group_num_blocks(p, b, g - p.group_prefix[b]);
-      local += c;
-      cmin = min(cmin, c);
-      cmax = max(cmax, c);
+      local += kUnitOverheadBlocks + group_num_blocks(p, b, g - p.group_prefix[b]);
     }
-    if (g0 < g1) {
-      atomicMin(&s_cost_min, cmin);
-      atomicMax(&s_cost_max, cmax);
+    long long run = block_exclusive_scan<NT>(local, &W);
+    b = g0 < g1 ? find_request(p, g0) : 0;
+    for (int g = g0; g < g1; ++g) {
+      while (p.group_prefix[b + 1] <= g) ++b;
+      run += kUnitOverheadBlocks + group_num_blocks(p, b, g - p.group_prefix[b]);
+      p.cost_prefix[g + 1] = run;
     }
-    run = block_exclusive_scan<NT>(local, &W);  // its barriers publish the atomics too
+    if (tid == 0) p.cost_prefix[0] = 0;
   }
-  const bool uniform = num_groups > 0 && s_cost_min == s_cost_max;
+  __syncthreads();
 
   // 3. Set boundaries. Few sets for little work: each gets >= kMinBlocksPerCta blocks' worth.
   const int S = p.num_ctas / p.m_group;
@@ -115,36 +102,40 @@ __device__ void plan_splits(const MlaParams& p) {
   // cut in two: split partials written, read and merged for nearly every unit. Whole groups on
   // slightly fewer sets (>= kWholeGroupSetsPct % of them) balance exactly and split nothing.
   int groups_per_set = 0;
-  if (uniform && num_groups > S) {
-    const int k = (num_groups + S - 1) / S;
-    const int sets = (num_groups + k - 1) / k;
-    if (sets * 100 >= S * kWholeGroupSetsPct) {
-      groups_per_set = k;
-      s_eff = sets;
+  {
+    __shared__ int s_uniform;
+    if (tid == 0) s_uniform = 1;
+    __syncthreads();
+    const long long first = num_groups > 0 ? p.cost_prefix[1] : 0;
+    for (int g = tid; g < num_groups; g += NT)
+      if (p.cost_prefix[g + 1] - p.cost_prefix[g] != first) s_uniform = 0;
+    __syncthreads();
+    if (s_uniform && num_groups > S) {
+      const int k = (num_groups + S - 1) / S;
+      const int sets = (num_groups + k - 1) / k;
+      if (sets * 100 >= S * kWholeGroupSetsPct) {
+        groups_per_set = k;
+        s_eff = sets;
+      }
     }
   }
-  if (groups_per_set > 0) {
-    for (int s = tid; s <= S; s += NT)
-      p.bounds[s] = WorkPos{(int)min((long long)s * groups_per_set, (long long)num_groups), 0};
-  } else {
-    // Cut s (< s_eff) lies at cost x_s = floor(s W / s_eff); it falls in group g when
-    // cost_prefix[g] <= x_s < cost_prefix[g + 1], i.e. for s in [ceil(lo s_eff / W),
-    // ceil(hi s_eff / W)) with [lo, hi) the group's cost range. A cut in the group's overhead
-    // snaps to its start. Each group has cost >= kUnitOverheadBlocks > 0, so every cut has
-    // exactly one group. Cuts from s_eff on (and all of them when W = 0) are the end.
-    int b = b_g0;
-    long long lo = run;
-    for (int g = g0; g < g1; ++g) {
-      while (p.group_prefix[b + 1] <= g) ++b;
-      const long long hi = lo + kUnitOverheadBlocks + group_num_blocks(p, b, g - p.group_prefix[b]);
-      const int s_lo = (int)((lo * s_eff + W - 1) / W), s_hi = (int)min((long long)s_eff, (hi * s_eff + W - 1) / W);
-      for (int s = s_lo; s < s_hi; ++s) {
-        const long long k = (long long)s * W / s_eff - lo - kUnitOverheadBlocks;
-        p.bounds[s] = WorkPos{g, k > 0 ? (int)k : 0};
+  for (int s = tid; s <= S; s += NT) {
+    WorkPos pos{num_groups, 0};
+    if (groups_per_set > 0) {
+      pos = WorkPos{(int)min((long long)s * groups_per_set, (long long)num_groups), 0};
+    } else {
+      const long long x = s >= s_eff ? W : (long long)s * W / s_eff;
+      if (x < W) {
+        int lo = 0, hi = num_groups - 1;  // largest g with cost_prefix[g] <= x
+        while (lo < hi) {
+          const int mid = (lo + hi + 1) >> 1;
+          if (p.cost_prefix[mid] <= x) lo = mid; else hi = mid - 1;
+        }
+        const long long k = x - p.cost_prefix[lo] - kUnitOverheadBlocks;
+        pos = WorkPos{lo, k > 0 ? (int)k : 0};
       }
-      lo = hi;
     }
-    for (int s = (W > 0 ? s_eff : 0) + tid; s <= S; s += NT) p.bounds[s] = WorkPos{num_groups, 0};
+    p.bounds[s] = pos;
   }
   __syncthreads();
 
