@@ -20,6 +20,7 @@
 #include "tile_utils.cuh"
 #include "smem_size.h"
 #include "wgmma.cuh"
+#include "wgmma_narrow.cuh"
 
 namespace jit_mla::sm90 {
 
@@ -108,7 +109,7 @@ __device__ void attention_any_page(const MlaParams& p) {
         const uint32_t koff = (kk / 4) * kBoxBytes + (kk % 4) * 32;
         const uint64_t da = make_smem_desc(sQ + koff, 16, 1024);
         const uint64_t db = make_smem_desc(sK + koff + wg * kSCols * 128, 16, 1024);
-        wgmma_m64n32k16_ss(s, da, db, kk > 0);
+        WgmmaN<32, 0>::mma(s, da, db, kk > 0);
       }
       wgmma_commit();
       wgmma_wait<0>();

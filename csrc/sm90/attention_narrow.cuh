@@ -143,7 +143,7 @@ __device__ void attention_narrow(const MlaParams& p) {
         kv_wait(bars + 8 * bx, par, kSiteQkBox);
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk)
-          WgmmaNarrow<kN, 0>::mma(st, make_smem_desc(stage + bx * kBoxBytes + kk * 32, 16, 1024),
+          WgmmaN<kN, 0>::mma(st, make_smem_desc(stage + bx * kBoxBytes + kk * 32, 16, 1024),
                                   make_smem_desc(sQ + bx * kN * 128 + kk * 32, 16, 1024),
                                   bx == 0 && kk == 0 ? 0 : 1);
       }
@@ -222,7 +222,7 @@ __device__ void attention_narrow(const MlaParams& p) {
         for (int i = 4 * h; i < 4 * h + 4; ++i)
 #pragma unroll
           for (int kk = 0; kk < 4; ++kk)
-            WgmmaNarrow<kN, 1>::mma(acc[i], make_smem_desc(stage + i * kBoxBytes + kk * 16 * 128, kBoxBytes, 1024),
+            WgmmaN<kN, 1>::mma(acc[i], make_smem_desc(stage + i * kBoxBytes + kk * 16 * 128, kBoxBytes, 1024),
                                     make_smem_desc(sP + kk * 32, 16, 1024), 1);
         wgmma_commit();
       }

@@ -1,17 +1,18 @@
-// wgmma shapes of the narrow kernel (attention_narrow.cuh): M = 64 KV tokens or 64 V columns,
-// N = 16 or 32 query rows, both operands from shared memory. kTnspA = 1: A is MN-major (V^T, read
-// from the token-major KV tile); B is always K-major.
+// wgmma m64nNk16 with N = 16 or 32, bf16 in, fp32 accumulators, both operands from shared memory:
+// the narrow kernel's transposed tiles (attention_narrow.cuh: M = 64 KV tokens or 64 V columns,
+// N = 16 or 32 query rows) and the any-page kernel's S tiles (N = 32 KV tokens). kTnspA = 1: A is
+// MN-major (V^T, read from the token-major KV tile); B is always K-major.
 #pragma once
 #include <cstdint>
 
 namespace jit_mla::sm90 {
 
 template <int N, int kTnspA>
-struct WgmmaNarrow;
+struct WgmmaN;
 
 // D(64x16, fp32) (+)= A(64x16) * B(16x16).
 template <int kTnspA>
-struct WgmmaNarrow<16, kTnspA> {
+struct WgmmaN<16, kTnspA> {
   static __device__ __forceinline__ void mma(float (&d)[8], uint64_t desc_a, uint64_t desc_b, int accumulate) {
     asm volatile(
         "{\n"
@@ -27,7 +28,7 @@ struct WgmmaNarrow<16, kTnspA> {
 
 // D(64x32, fp32) (+)= A(64x16) * B(32x16).
 template <int kTnspA>
-struct WgmmaNarrow<32, kTnspA> {
+struct WgmmaN<32, kTnspA> {
   static __device__ __forceinline__ void mma(float (&d)[16], uint64_t desc_a, uint64_t desc_b, int accumulate) {
     asm volatile(
         "{\n"
