@@ -222,3 +222,10 @@ def test_ab_script_without_a_gpu(monkeypatch):
         r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "ab.py"), cmd, "--help"],
                            capture_output=True, text=True, timeout=60)
         assert r.returncode == 0 and "usage" in r.stdout, r.stderr
+
+
+def test_validate_script_parses():
+    # benchmarks/validate_gpu.sh runs only on the GPU host; here at least bash must accept it.
+    script = SCRIPT.parent / "validate_gpu.sh"
+    run = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True, timeout=30)
+    assert run.returncode == 0, run.stderr

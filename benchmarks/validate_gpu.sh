@@ -1,0 +1,45 @@
+#!/bin/bash
+# The full validation of a kernel change in one device call (issue 4's rule: nothing counts until
+# the GPU suite and the benchmark ran after the last kernel edit), then an optional same-run A/B.
+#
+#   bash benchmarks/validate_gpu.sh COMMIT [VARIANT...]
+#
+# Run on the H200 from the repository root (device tool, carry [".gpu-wheels"], plus ".ab" when
+# VARIANTs are named: `python benchmarks/ab.py prepare NAME PATCH...` here first). In order, each
+# under a timeout, logs in $LOGS (default /tmp/o): GPU suite, fuzz (200 examples), the four
+# sanitizers, the main job, the full benchmark with FlashInfer (JSON + PNG under
+# $LOGS/results, labelled COMMIT), then `ab.py run --rounds 2 VARIANT...`. Everything is packed
+# into $OUT/all.tgz after the benchmark and again at the end, so a run cut short still returns
+# its logs. About 4 minutes without variants (suite ~80 s, fuzz ~25 s, sanitizers ~45 s,
+# benchmark ~30 s, start-up); each variant adds ~30 s.
+set -u
+commit="${1:?usage: validate_gpu.sh COMMIT [VARIANT...]}"
+shift
+source .gpu-wheels/activate.sh
+export JIT_MLA_CACHE_DIR="$PWD/.jitcache"
+logs="${LOGS:-/tmp/o}"
+mkdir -p "$logs"
+step() {  # step NAME SECONDS COMMAND...: run it, log its output, record its exit status
+  local name=$1 limit=$2
+  shift 2
+  timeout "$limit" "$@" > "$logs/$name.txt" 2>&1
+  echo "$name rc $? $(date +%T)" >> "$logs/steps.txt"
+}
+pack() { [[ -n "${OUT:-}" ]] && tar czf "$OUT/all.tgz" -C "$(dirname "$logs")" "$(basename "$logs")"; }
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv > "$logs/smi.txt" 2>&1
+step suite 240 python3 -m pytest -q tests/test_bad_values_gpu.py tests/test_mla_gpu.py \
+  tests/test_engine_gpu.py tests/test_guard_bands_gpu.py
+JIT_MLA_FUZZ_EXAMPLES=200 step fuzz 150 python3 -m pytest -q -s tests/test_fuzz_gpu.py
+OUT="$logs/san" step san 180 bash tests/gpu_sanitize.sh
+step main_job 90 python3 -m jit_mla
+step bench 240 python3 benchmarks/bench_mla.py --out-dir "$logs/results" --commit "$commit"
+pack
+if [[ $# -gt 0 ]]; then
+  step ab $((60 + 40 * $#)) python3 benchmarks/ab.py run --rounds 2 "$@"
+  pack
+fi
+cat "$logs/steps.txt"
+tail -n 2 "$logs/suite.txt"
+grep -E "^\| [0-9]+ \|" "$logs/bench.txt" || tail -n 5 "$logs/bench.txt"
+[[ -f "$logs/ab.txt" ]] && grep "^|" "$logs/ab.txt"
+exit 0
