@@ -27,8 +27,9 @@ step() {  # step NAME SECONDS COMMAND...: run it, log its output, record its exi
 }
 pack() { [[ -n "${OUT:-}" ]] && tar czf "$OUT/all.tgz" -C "$(dirname "$logs")" "$(basename "$logs")"; }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv > "$logs/smi.txt" 2>&1
-step suite 240 python3 -m pytest -q tests/test_bad_values_gpu.py tests/test_mla_gpu.py \
-  tests/test_engine_gpu.py tests/test_guard_bands_gpu.py
+# The GPU suite's files: ab.py's list, the one place that names them.
+read -ra suite <<< "$(python3 -c 'import sys; sys.path.insert(0, "benchmarks"); import ab; print(*ab.SUITE)')"
+step suite 240 python3 -m pytest -q "${suite[@]}"
 JIT_MLA_FUZZ_EXAMPLES=200 step fuzz 150 python3 -m pytest -q -s tests/test_fuzz_gpu.py
 OUT="$logs/san" step san 180 bash tests/gpu_sanitize.sh
 step main_job 90 python3 -m jit_mla

@@ -18,6 +18,7 @@
 #include <mutex>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/params.h"
@@ -211,7 +212,7 @@ struct Kernels {
   // attention_narrow16/32: TMA pages, transposed tiles for units of at most 16/32 rows.
   cudaKernel_t attention = nullptr, attention_any_page = nullptr;
   cudaKernel_t attention_narrow16 = nullptr, attention_narrow32 = nullptr;
-  std::vector<int> sm_count;  // per device, once its smem limits are raised (0: not yet)
+  std::vector<bool> ready;  // per device: arch checked, shared-memory limits raised
 };
 std::mutex g_mutex;
 Kernels g_kernels;
@@ -234,14 +235,13 @@ void load_cubin(String arch, Bytes data) {
   Kernels k;
   k.arch = std::string(arch);
   k.library = lib;
-  MLA_CUDA_CHECK(cudaLibraryGetKernel(&k.attention, lib, "mla_sm90_attention"),
-                 "cudaLibraryGetKernel(mla_sm90_attention)");
-  MLA_CUDA_CHECK(cudaLibraryGetKernel(&k.attention_any_page, lib, "mla_sm90_attention_any_page"),
-                 "cudaLibraryGetKernel(mla_sm90_attention_any_page)");
-  MLA_CUDA_CHECK(cudaLibraryGetKernel(&k.attention_narrow16, lib, "mla_sm90_attention_narrow16"),
-                 "cudaLibraryGetKernel(mla_sm90_attention_narrow16)");
-  MLA_CUDA_CHECK(cudaLibraryGetKernel(&k.attention_narrow32, lib, "mla_sm90_attention_narrow32"),
-                 "cudaLibraryGetKernel(mla_sm90_attention_narrow32)");
+  const auto get = [lib](cudaKernel_t* fn, const char* name) {
+    MLA_CUDA_CHECK(cudaLibraryGetKernel(fn, lib, name), std::string("cudaLibraryGetKernel(") + name + ")");
+  };
+  get(&k.attention, "mla_sm90_attention");
+  get(&k.attention_any_page, "mla_sm90_attention_any_page");
+  get(&k.attention_narrow16, "mla_sm90_attention_narrow16");
+  get(&k.attention_narrow32, "mla_sm90_attention_narrow32");
   if (g_kernels.library != nullptr) cudaLibraryUnload(g_kernels.library);
   g_kernels = k;
 }
@@ -251,14 +251,29 @@ bool cubin_loaded() {
   return g_kernels.library != nullptr;
 }
 
-// Arch, the shared-memory limit and the SM count (*sm_count), set up once per device.
-const Kernels& kernels_for_device(int device, int64_t* sm_count) {
+// The device's SM count, asked of the driver once per device (every call needs it).
+int64_t device_sm_count(int device) {
+  static std::mutex mutex;
+  static std::vector<int> counts;
+  std::lock_guard<std::mutex> lock(mutex);
+  if ((int)counts.size() <= device) counts.resize(device + 1, 0);
+  if (counts[device] == 0) {
+    int n = 0;
+    MLA_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device),
+                   "cudaDeviceGetAttribute(MultiProcessorCount)");
+    counts[device] = n;
+  }
+  return counts[device];
+}
+
+// Arch and the kernels' shared-memory limits, set up once per device.
+const Kernels& kernels_for_device(int device) {
   std::lock_guard<std::mutex> lock(g_mutex);
   MLA_CHECK(g_kernels.library != nullptr, RuntimeError)
       << "no kernels loaded: the launcher must be loaded through jit_mla.launcher.get_launcher(), "
          "which loads the verified cubin";
-  if ((int)g_kernels.sm_count.size() <= device) g_kernels.sm_count.resize(device + 1, 0);
-  if (g_kernels.sm_count[device] == 0) {
+  if ((int)g_kernels.ready.size() <= device) g_kernels.ready.resize(device + 1, false);
+  if (!g_kernels.ready[device]) {
     int major = 0, minor = 0;
     MLA_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device),
                    "cudaDeviceGetAttribute");
@@ -267,28 +282,17 @@ const Kernels& kernels_for_device(int device, int64_t* sm_count) {
     MLA_CHECK(major == 9 && minor == 0, RuntimeError)
         << "jit_mla's kernels need an sm_90a GPU (Hopper, compute capability 9.0); cuda:" << device
         << " is sm_" << major << minor;
-    MLA_CUDA_CHECK(cudaKernelSetAttributeForDevice(g_kernels.attention,
-                                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                   sm90::kSeesawSmemBytes, device),
-                   "raising the attention kernel's shared-memory limit");
-    MLA_CUDA_CHECK(cudaKernelSetAttributeForDevice(g_kernels.attention_any_page,
-                                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                   sm90::kAttentionSmemBytes, device),
-                   "raising the any-page attention kernel's shared-memory limit");
-    MLA_CUDA_CHECK(cudaKernelSetAttributeForDevice(g_kernels.attention_narrow16,
-                                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                   sm90::narrow_smem_bytes<16>(), device),
-                   "raising the narrow attention kernel's shared-memory limit");
-    MLA_CUDA_CHECK(cudaKernelSetAttributeForDevice(g_kernels.attention_narrow32,
-                                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                   sm90::narrow_smem_bytes<32>(), device),
-                   "raising the narrow attention kernel's shared-memory limit");
-    int sms = 0;
-    MLA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
-                   "cudaDeviceGetAttribute(MultiProcessorCount)");
-    g_kernels.sm_count[device] = sms;
+    const std::pair<cudaKernel_t, int> limits[] = {
+        {g_kernels.attention, sm90::kSeesawSmemBytes},
+        {g_kernels.attention_any_page, sm90::kAttentionSmemBytes},
+        {g_kernels.attention_narrow16, sm90::narrow_smem_bytes<16>()},
+        {g_kernels.attention_narrow32, sm90::narrow_smem_bytes<32>()},
+    };
+    for (const auto& [fn, bytes] : limits)
+      MLA_CUDA_CHECK(cudaKernelSetAttributeForDevice(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes, device),
+                     "raising an attention kernel's shared-memory limit to " + std::to_string(bytes) + " bytes");
+    g_kernels.ready[device] = true;
   }
-  *sm_count = g_kernels.sm_count[device];  // read under the lock: another device may resize it
   return g_kernels;
 }
 
@@ -513,12 +517,7 @@ void run_attention(TensorView out, Optional<TensorView> lse, TensorView query, T
   check_scale_device(s1, dev, "bmm1_scale");
   check_scale_device(s2, dev, "bmm2_scale");
 
-  if (sm_count <= 0) {
-    int n = 0;
-    MLA_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev.device_id),
-                   "cudaDeviceGetAttribute(MultiProcessorCount)");
-    sm_count = n;
-  }
+  if (sm_count <= 0) sm_count = device_sm_count(dev.device_id);
   WorkspaceLayout ws = workspace_layout(batch_size, total_q, num_heads, sm_count);
   MLA_CHECK(static_cast<int64_t>(ws.total) <= workspace_size_bytes, ValueError)
       << "workspace_buffer is too small: this call needs " << ws.total << " bytes (batch_size="
@@ -527,9 +526,9 @@ void run_attention(TensorView out, Optional<TensorView> lse, TensorView query, T
       << "; jit_mla.get_workspace_size(...) gives the size";
 
   // ---- 1d. arch (and kernels) -----------------------------------------------------------------
-  int64_t device_sms = 0;
-  const Kernels& k = kernels_for_device(dev.device_id, &device_sms);
+  const Kernels& k = kernels_for_device(dev.device_id);
   if (batch_size == 0 || total_q == 0) return;  // nothing to compute, nothing to write
+  const int64_t device_sms = device_sm_count(dev.device_id);
   // One CTA per SM, all resident at once (cooperative launch): never more CTAs than the device
   // has SMs. The workspace was checked for the caller's sm_count; fewer CTAs need less of it.
   if (sm_count > device_sms) ws = workspace_layout(batch_size, total_q, num_heads, device_sms);
@@ -580,10 +579,11 @@ void run_attention(TensorView out, Optional<TensorView> lse, TensorView query, T
   // Uniform query length with at most 32 rows per request (H 16 decode or MTP 2, H 32 decode):
   // the transposed-tile kernel, whose tensor work is not padded to 64 rows.
   const int64_t rows_per_request = q_len * num_heads;
-  if (use_tma && !cum_seq_lens_q.has_value() && rows_per_request >= 1 && rows_per_request <= 16)
+  const bool narrow = use_tma && !cum_seq_lens_q.has_value() && rows_per_request >= 1 && rows_per_request <= 32;
+  if (narrow && rows_per_request <= 16)
     launch(k.attention_narrow16, p.num_ctas, kNumThreads, sm90::narrow_smem_bytes<16>(), stream, enable_pdl,
            &p, "mla_sm90_attention_narrow16");
-  else if (use_tma && !cum_seq_lens_q.has_value() && rows_per_request >= 1 && rows_per_request <= 32)
+  else if (narrow)
     launch(k.attention_narrow32, p.num_ctas, kNumThreads, sm90::narrow_smem_bytes<32>(), stream, enable_pdl,
            &p, "mla_sm90_attention_narrow32");
   else if (use_tma)

@@ -110,10 +110,8 @@ def tma_page_size(page_size: int) -> bool:
 def attention_kernel(page_size: int, rows_per_request: int = 64, ragged: bool = False) -> str:
     """The kernel a call launches (it plans, attends and merges splits): csrc/launcher.cu's rule.
     rows_per_request: q_len * H of a uniform call."""
-    if tma_page_size(page_size) and not ragged and 1 <= rows_per_request <= 16:
-        return "mla_sm90_attention_narrow16 (TMA, transposed tiles)"
     if tma_page_size(page_size) and not ragged and 1 <= rows_per_request <= 32:
-        return "mla_sm90_attention_narrow32 (TMA, transposed tiles)"
+        return f"mla_sm90_attention_narrow{16 if rows_per_request <= 16 else 32} (TMA, transposed tiles)"
     if tma_page_size(page_size):
         return "mla_sm90_attention (TMA)"
     return "mla_sm90_attention_any_page (cp.async)"

@@ -446,7 +446,6 @@ def test_cli_info_reports_manifest_status(fake, capsys):
     assert "problem: " in capsys.readouterr().out
 
 
-
 def test_ptxas_serialized_wgmma_fails_the_build():
     # ptxas's C7520 is "info", not an error, but the kernel it describes runs 20-33% slower.
     cubins.check_ptxas_output("ptxas info    : (C7519) warpgroup.arrive is injected in around line 7\n")

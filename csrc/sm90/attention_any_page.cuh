@@ -69,8 +69,7 @@ __device__ void attention_any_page(const MlaParams& p) {
   const CtaRange cr = start_cta<kNumThreads>(p);
   if (cr.group0 == cr.group_end) return;
 
-  const float scale_log2 = load_scale(p.bmm1_scale_ptr, p.bmm1_scale) * kLog2e;
-  const float bmm2 = load_scale(p.bmm2_scale_ptr, p.bmm2_scale);
+  const auto [scale_log2, bmm2] = call_scales(p);
 
   for (int grp = cr.group0; grp < cr.group_end; ++grp) {
     const UnitWork w = unit_work(p, grp, cr.lane_m, cr.beg, cr.end);

@@ -199,6 +199,19 @@ __device__ __forceinline__ void publish_max(float* m, float* scale, const Rows& 
   mbar_arrive(hand);
 }
 
+// Two rows' eight values each (ra, rb) combined with op as trees of depth 3, results in ra[0],
+// rb[0]: independent instructions the scheduler can overlap, not a chain of 7 dependent ones.
+template <class Op>
+__device__ __forceinline__ void tree_reduce8(float (&ra)[8], float (&rb)[8], Op op) {
+#pragma unroll
+  for (int w = 4; w >= 1; w /= 2)
+#pragma unroll
+    for (int t = 0; t < w; ++t) {
+      ra[t] = op(ra[t], ra[t + w]);
+      rb[t] = op(rb[t], rb[t + w]);
+    }
+}
+
 // Scale S to the log2 domain in place, masking tokens at or past each row's limit, and return the
 // rows' maxima (over the quad). Only blocks that reach a limit pay for the mask: a thread's two
 // rows need none when the whole block [blk0, blk0 + 64) lies below both limits.
@@ -229,13 +242,7 @@ __device__ __forceinline__ void block_max(float (&s)[32], int blk0, int q4, int 
     ra[t] = fmaxf(s[4 * t + 0], s[4 * t + 1]);
     rb[t] = fmaxf(s[4 * t + 2], s[4 * t + 3]);
   }
-#pragma unroll
-  for (int w = 4; w >= 1; w /= 2)
-#pragma unroll
-    for (int t = 0; t < w; ++t) {
-      ra[t] = fmaxf(ra[t], ra[t + w]);
-      rb[t] = fmaxf(rb[t], rb[t + w]);
-    }
+  tree_reduce8(ra, rb, [](float x, float y) { return fmaxf(x, y); });
   mx_a = ra[0];
   mx_b = rb[0];
   // The shuffles stay outside the branch: lanes of one warp may take different sides of it.
@@ -260,13 +267,7 @@ __device__ __forceinline__ void exp_rows(float (&s)[32], float m_a, float m_b, f
     rb[t] = s[4 * t + 2] + s[4 * t + 3];
   }
   // Sums as trees (depth 3 after the pairs, not a chain of 16 dependent adds).
-#pragma unroll
-  for (int w = 4; w >= 1; w /= 2)
-#pragma unroll
-    for (int t = 0; t < w; ++t) {
-      ra[t] += ra[t + w];
-      rb[t] += rb[t + w];
-    }
+  tree_reduce8(ra, rb, [](float x, float y) { return x + y; });
   sum_a = ra[0];
   sum_b = rb[0];
 }
@@ -346,8 +347,7 @@ __device__ void attention_seesaw(const MlaParams& p) {
   const CtaRange cr = start_cta<kNumThreads>(p);
   if (cr.group0 == cr.group_end) return;
 
-  const float scale_log2 = load_scale(p.bmm1_scale_ptr, p.bmm1_scale) * kLog2e;
-  const float bmm2 = load_scale(p.bmm2_scale_ptr, p.bmm2_scale);
+  const auto [scale_log2, bmm2] = call_scales(p);
   uint32_t loads[2] = {0, 0};  // blocks loaded into each stage so far: the mbarrier phase count
   uint32_t pairs = 0;          // block pairs done so far: the hand-offs' phase count
 

@@ -35,6 +35,15 @@ __device__ __forceinline__ CtaRange cta_range(const MlaParams& p) {
   return r;
 }
 
+// The call's two scales, floats from the launcher or one-element device tensors (so read after
+// the PDL wait): bmm1 in the softmax's log2 domain, bmm2 as given.
+struct CallScales {
+  float qk_log2, out;
+};
+__device__ __forceinline__ CallScales call_scales(const MlaParams& p) {
+  return CallScales{load_scale(p.bmm1_scale_ptr, p.bmm1_scale) * kLog2e, load_scale(p.bmm2_scale_ptr, p.bmm2_scale)};
+}
+
 // How every attention CTA starts: nothing the previous kernel in the stream writes (inputs, or
 // the previous call still reading the workspace) may be touched before the PDL wait; then the
 // next kernel may launch (it waits for our completion before it reads anything), this CTA plans
