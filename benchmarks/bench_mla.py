@@ -19,9 +19,9 @@ permutation), and every slab uses the same page-table *structure*, so FlashInfer
 per shape: its plan depends on lengths only, and each call passes its own slab as the cache.
 Only chunked prefill, whose query and output alone are over 512 MiB per call, runs one set.
 
-Formulas (bf16, ``D_qk = 576``, ``D_v = 512``):
+Formulas (bf16, ``D_qk = 576``, ``D_v = 512``; an fp8 KV row is 576 bytes):
 
-    bytes    = sum_b seq_len_b * 576 * 2       (KV read once)
+    bytes    = sum_b seq_len_b * 576 * 2       (KV read once; * 1 for an fp8 cache)
              + total_q * H * 576 * 2           (q)
              + total_q * H * 512 * 2           (out)
     FLOPs    = sum_b q_len_b * H * seq_len_b * 2 * (576 + 512)
@@ -116,6 +116,7 @@ class Shape:
     kv_lens: tuple[int, ...]  # seq_lens per request (this step's query tokens included)
     ragged: bool = False  # query as [total_q, H, 576] + cum_seq_lens_q (else [B, q_len, H, 576])
     role: str = ""
+    kv_fp8: bool = False  # KV cache in float8_e4m3fn (1 byte per element), query and out bf16
 
     @property
     def batch(self) -> int:
@@ -139,8 +140,12 @@ class Shape:
         return self.max_q_len > 1
 
     @property
+    def kv_elem_bytes(self) -> int:
+        return 1 if self.kv_fp8 else ELEM_BYTES
+
+    @property
     def kv_bytes(self) -> int:
-        return sum(self.kv_lens) * D_QK * ELEM_BYTES
+        return sum(self.kv_lens) * D_QK * self.kv_elem_bytes
 
     @property
     def q_bytes(self) -> int:
@@ -178,7 +183,7 @@ class Shape:
     @property
     def kv_bytes_per_set(self) -> int:
         """KV bytes of one page set in whole pages (what the pool holds for one call)."""
-        return self.pages_per_set * PAGE_SIZE * D_QK * ELEM_BYTES
+        return self.pages_per_set * PAGE_SIZE * D_QK * self.kv_elem_bytes
 
     @property
     def n_sets(self) -> int:
@@ -197,13 +202,14 @@ class Shape:
         return f"B={self.batch} {q} (total {self.total_q}) {kv} H={self.num_heads}"
 
 
-def uniform_shape(batch: int, kv_len: int, num_heads: int, q_len: int, role: str = "") -> Shape:
+def uniform_shape(batch: int, kv_len: int, num_heads: int, q_len: int, role: str = "", kv_fp8: bool = False) -> Shape:
     return Shape(
-        name=f"b{batch}_kv{kv_len}_h{num_heads}_q{q_len}",
+        name=f"b{batch}_kv{kv_len}_h{num_heads}_q{q_len}" + ("_fp8" if kv_fp8 else ""),
         num_heads=num_heads,
         q_lens=(q_len,) * batch,
         kv_lens=(kv_len,) * batch,
         role=role,
+        kv_fp8=kv_fp8,
     )
 
 
@@ -227,6 +233,10 @@ def shape_table() -> list[Shape]:
               role="ragged spec decode (q_len 1..4, seeded)"),
         Shape("prefill_4x2048_kv8192_h128", 128, (2048,) * 4, (8192,) * 4, ragged=True,
               role="chunked prefill"),
+        # fp8 e4m3 KV cache, bf16 query (issue 5): the TP8 shapes our fp8 kernel runs so far
+        uniform_shape(64, 8192, 16, 1, "TP8 decode, fp8 KV", kv_fp8=True),
+        uniform_shape(128, 4096, 16, 2, "TP8 MTP 2, fp8 KV", kv_fp8=True),
+        uniform_shape(1, 8192, 16, 1, "TP8 one request, fp8 KV", kv_fp8=True),
     ]
 
 
@@ -590,6 +600,8 @@ class Bench:
         torch.manual_seed(DATA_SEED)
         P = shape.pages_per_set
         pool = self.randn((n_sets * P, PAGE_SIZE, D_QK))  # [pages, 64, 576] bf16
+        if shape.kv_fp8:
+            pool = pool.to(torch.float8_e4m3fn)  # N(0, 1) values: inside e4m3's range
         gen = torch.Generator().manual_seed(DATA_SEED)
         perm = torch.randperm(P, generator=gen).to(torch.int32)  # a slab's pages, scattered
         pages = [-(-kv // PAGE_SIZE) for kv in shape.kv_lens]
@@ -650,7 +662,8 @@ class Bench:
         wrapper = fi_mla.BatchMLAPagedAttentionWrapper(fi_ws, backend="fa3")
         common = dict(num_heads=shape.num_heads, head_dim_ckv=KV_LORA_RANK, head_dim_kpe=QK_ROPE_HEAD_DIM,
                       page_size=PAGE_SIZE, causal=shape.causal, sm_scale=SM_SCALE,
-                      q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
+                      q_data_type=torch.bfloat16,
+                      kv_data_type=torch.float8_e4m3fn if shape.kv_fp8 else torch.bfloat16)
         csr = (data["qo_indptr"], data["kv_indptr"], data["kv_indices"], data["kv_len_arr"])
         structural = hasattr(fi_mla, "MLAPlanMetadata")  # 0.7: metadata object + query=/kv_cache=
         if structural:
@@ -667,9 +680,11 @@ class Bench:
             ckv, kpe = kv[..., :KV_LORA_RANK], kv[..., KV_LORA_RANK:]
             out = torch.empty((shape.total_q, shape.num_heads, D_V), dtype=torch.bfloat16, device=self.dev)
             outs.append(out)
+            # An fp8 cache needs its per-tensor scales named (1.0: the data is the dequantized value).
+            scales = dict(ckv_scale=1.0, kpe_scale=1.0) if shape.kv_fp8 else {}
             if structural:
-                return lambda: wrapper.run(query=(q_nope, q_pe), kv_cache=(ckv, kpe), out=out)
-            return lambda: wrapper.run(q_nope=q_nope, q_pe=q_pe, ckv_cache=ckv, kpe_cache=kpe, out=out)
+                return lambda: wrapper.run(query=(q_nope, q_pe), kv_cache=(ckv, kpe), out=out, **scales)
+            return lambda: wrapper.run(q_nope=q_nope, q_pe=q_pe, ckv_cache=ckv, kpe_cache=kpe, out=out, **scales)
 
         return [make(i) for i in range(len(data["slabs"]))], outs
 

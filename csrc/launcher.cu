@@ -209,9 +209,11 @@ struct Kernels {
   // attention: TMA + seesaw (page sizes 8..64 dividing 64, or multiples of 64);
   // attention_any_page: cp.async loads, any page size (1 included). Both merge their splits
   // themselves (common/combine.cuh): one launch per call.
-  // attention_narrow16/32: TMA pages, transposed tiles for units of at most 16/32 rows.
+  // attention_narrow16/32: TMA pages, transposed tiles for units of at most 16/32 rows; their
+  // _fp8 twins read a float8_e4m3fn cache (converted to bf16 in shared memory).
   cudaKernel_t attention = nullptr, attention_any_page = nullptr;
   cudaKernel_t attention_narrow16 = nullptr, attention_narrow32 = nullptr;
+  cudaKernel_t attention_narrow16_fp8 = nullptr, attention_narrow32_fp8 = nullptr;
   std::vector<bool> ready;  // per device: arch checked, shared-memory limits raised
 };
 std::mutex g_mutex;
@@ -242,6 +244,8 @@ void load_cubin(String arch, Bytes data) {
   get(&k.attention_any_page, "mla_sm90_attention_any_page");
   get(&k.attention_narrow16, "mla_sm90_attention_narrow16");
   get(&k.attention_narrow32, "mla_sm90_attention_narrow32");
+  get(&k.attention_narrow16_fp8, "mla_sm90_attention_narrow16_fp8");
+  get(&k.attention_narrow32_fp8, "mla_sm90_attention_narrow32_fp8");
   if (g_kernels.library != nullptr) cudaLibraryUnload(g_kernels.library);
   g_kernels = k;
 }
@@ -287,6 +291,8 @@ const Kernels& kernels_for_device(int device) {
         {g_kernels.attention_any_page, sm90::kAttentionSmemBytes},
         {g_kernels.attention_narrow16, sm90::narrow_smem_bytes<16>()},
         {g_kernels.attention_narrow32, sm90::narrow_smem_bytes<32>()},
+        {g_kernels.attention_narrow16_fp8, sm90::narrow_smem_bytes<16>()},
+        {g_kernels.attention_narrow32_fp8, sm90::narrow_smem_bytes<32>()},
     };
     for (const auto& [fn, bytes] : limits)
       MLA_CUDA_CHECK(cudaKernelSetAttributeForDevice(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes, device),
@@ -355,28 +361,34 @@ EncodeTiledFn encode_tiled() {
 struct TmapEntry {
   const void* ptr;
   int64_t pages, page_size, row_stride, page_stride;
+  bool fp8;
   CUtensorMap map;
 };
 std::mutex g_tmap_mutex;
 std::vector<TmapEntry> g_tmaps;
 constexpr size_t kMaxTmaps = 128;
 
+// bf16: boxes of (rows, 64) land 128-byte swizzled, as the wgmma reads them. fp8 (e4m3 as bytes):
+// boxes of (rows, 64) bytes land unswizzled, rows 64 bytes apart, for the in-place conversion.
 CUtensorMap kv_tensor_map(const void* ptr, int64_t pages, int64_t page_size, int64_t row_stride,
-                          int64_t page_stride) {
+                          int64_t page_stride, bool fp8) {
   std::lock_guard<std::mutex> lock(g_tmap_mutex);
   for (const TmapEntry& e : g_tmaps)
     if (e.ptr == ptr && e.pages == pages && e.page_size == page_size && e.row_stride == row_stride &&
-        e.page_stride == page_stride)
+        e.page_stride == page_stride && e.fp8 == fp8)
       return e.map;
-  TmapEntry e{ptr, pages, page_size, row_stride, page_stride, {}};
+  TmapEntry e{ptr, pages, page_size, row_stride, page_stride, fp8, {}};
+  const cuuint64_t elem_bytes = fp8 ? 1 : 2;
   const cuuint64_t dims[3] = {kHeadDimQK, static_cast<cuuint64_t>(page_size), static_cast<cuuint64_t>(pages)};
-  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(row_stride) * 2, static_cast<cuuint64_t>(page_stride) * 2};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(row_stride) * elem_bytes,
+                                 static_cast<cuuint64_t>(page_stride) * elem_bytes};
   const cuuint32_t box[3] = {kBoxCols, static_cast<cuuint32_t>(std::min<int64_t>(page_size, kBlockN)), 1};
   const cuuint32_t elem_strides[3] = {1, 1, 1};
-  const CUresult r = encode_tiled()(&e.map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void*>(ptr), dims,
-                                    strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                    CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                                    CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const CUresult r = encode_tiled()(&e.map, fp8 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                                    3, const_cast<void*>(ptr), dims, strides, box, elem_strides,
+                                    CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                    fp8 ? CU_TENSOR_MAP_SWIZZLE_NONE : CU_TENSOR_MAP_SWIZZLE_128B,
+                                    CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   MLA_CHECK(r == CUDA_SUCCESS, RuntimeError)
       << "cuTensorMapEncodeTiled for kv_cache failed (CUresult " << int(r) << "): pages " << pages
       << ", page_size " << page_size << ", row stride " << row_stride << ", page stride " << page_stride;
@@ -394,10 +406,11 @@ void run_attention(TensorView out, Optional<TensorView> lse, TensorView query, T
                    const Variant<double, Tensor>& bmm2_scale, int64_t max_q_len, int64_t batch_size,
                    int64_t sm_count, bool enable_pdl) {
   // ---- 1a. dtypes ----------------------------------------------------------------------------
-  MLA_CHECK(!same_dtype(key_cache.dtype(), kFP8E4M3), NotImplementedError)
-      << "kv_cache in float8_e4m3fn is not supported yet (bf16 only)";
+  // kv_cache: bf16, or fp8 e4m3 (its k/v scales folded into bmm1_scale / bmm2_scale by the
+  // caller, the contract's convention; the kernel converts exactly, without scaling).
+  const bool kv_fp8 = same_dtype(key_cache.dtype(), kFP8E4M3);
   check_dtype(query, kBF16, "query", "bfloat16");
-  check_dtype(key_cache, kBF16, "kv_cache", "bfloat16");
+  if (!kv_fp8) check_dtype(key_cache, kBF16, "kv_cache", "bfloat16 or float8_e4m3fn");
   check_dtype(out, kBF16, "out", "bfloat16");
   check_dtype(block_tables, kI32, "block_tables", "int32");
   check_dtype(seq_lens, kI32, "seq_lens", "int32");
@@ -487,10 +500,24 @@ void run_attention(TensorView out, Optional<TensorView> lse, TensorView query, T
   MLA_CHECK(page_size >= 1, ValueError) << "kv_cache page_size must be >= 1, got " << desc(key_cache);
   MLA_CHECK(key_cache.stride(-1) == 1, ValueError)
       << "kv_cache's last dim must be contiguous (stride 1), got stride " << key_cache.stride(-1);
-  MLA_CHECK(row_stride % 8 == 0 && page_stride % 8 == 0 && row_stride >= kHeadDimQK, ValueError)
+  const int64_t align_elems = kv_fp8 ? 16 : 8;  // elements in 16 bytes
+  MLA_CHECK(row_stride % align_elems == 0 && page_stride % align_elems == 0 && row_stride >= kHeadDimQK,
+            ValueError)
       << "kv_cache rows must start 16-byte aligned: row stride and page stride must be multiples "
-         "of 8 elements (row stride >= 576), got row stride "
+         "of " << align_elems << " elements (row stride >= 576), got row stride "
       << row_stride << ", page stride " << page_stride;
+  // fp8 runs on the narrow kernel only so far (issue 5): one fp8 path per shape, never a slow
+  // fallback.
+  const int64_t rows_per_request = q_len * num_heads;
+  const bool narrow = tma_page_size(page_size) && !cum_seq_lens_q.has_value() && rows_per_request >= 1 &&
+                      rows_per_request <= 32;
+  MLA_CHECK(!kv_fp8 || narrow || batch_size == 0 || total_q == 0, NotImplementedError)
+      << "kv_cache in float8_e4m3fn runs only for a uniform query with q_len * H <= 32 rows per "
+         "request and a page size of 8, 16, 32, 64 or a multiple of 64 (not yet for the other "
+         "shapes), got "
+      << (cum_seq_lens_q.has_value() ? std::string("a ragged query (cum_seq_lens_q)")
+                                     : "q_len * H = " + std::to_string(q_len) + " * " + std::to_string(num_heads))
+      << ", page_size " << page_size;
   MLA_CHECK(reinterpret_cast<uintptr_t>(data_of(key_cache)) % 16 == 0, ValueError)
       << "kv_cache's data pointer must be 16-byte aligned, got address 0x" << std::hex
       << reinterpret_cast<uintptr_t>(data_of(key_cache)) << std::dec << " (offset "
@@ -573,19 +600,20 @@ void run_attention(TensorView out, Optional<TensorView> lse, TensorView query, T
   const bool use_tma = tma_page_size(page_size);
   p.num_pages = static_cast<int>(key_cache.size(0));
   p.kv_box_rows = static_cast<int>(std::min<int64_t>(page_size, kBlockN));
-  if (use_tma) p.kv_tmap = kv_tensor_map(p.kv, key_cache.size(0), page_size, row_stride, page_stride);
+  if (use_tma) p.kv_tmap = kv_tensor_map(p.kv, key_cache.size(0), page_size, row_stride, page_stride, kv_fp8);
 
   // ---- 4. launch: one kernel (each CTA plans, attends, then merges splits), PDL when enabled ---
   // Uniform query length with at most 32 rows per request (H 16 decode or MTP 2, H 32 decode):
   // the transposed-tile kernel, whose tensor work is not padded to 64 rows.
-  const int64_t rows_per_request = q_len * num_heads;
-  const bool narrow = use_tma && !cum_seq_lens_q.has_value() && rows_per_request >= 1 && rows_per_request <= 32;
+  // (narrow and rows_per_request: worked out with the kv_cache checks above.)
   if (narrow && rows_per_request <= 16)
-    launch(k.attention_narrow16, p.num_ctas, kNumThreads, sm90::narrow_smem_bytes<16>(), stream, enable_pdl,
-           &p, "mla_sm90_attention_narrow16");
+    launch(kv_fp8 ? k.attention_narrow16_fp8 : k.attention_narrow16, p.num_ctas, kNumThreads,
+           sm90::narrow_smem_bytes<16>(), stream, enable_pdl, &p,
+           kv_fp8 ? "mla_sm90_attention_narrow16_fp8" : "mla_sm90_attention_narrow16");
   else if (narrow)
-    launch(k.attention_narrow32, p.num_ctas, kNumThreads, sm90::narrow_smem_bytes<32>(), stream, enable_pdl,
-           &p, "mla_sm90_attention_narrow32");
+    launch(kv_fp8 ? k.attention_narrow32_fp8 : k.attention_narrow32, p.num_ctas, kNumThreads,
+           sm90::narrow_smem_bytes<32>(), stream, enable_pdl, &p,
+           kv_fp8 ? "mla_sm90_attention_narrow32_fp8" : "mla_sm90_attention_narrow32");
   else if (use_tma)
     launch(k.attention, p.num_ctas, kNumThreads, sm90::kSeesawSmemBytes, stream, enable_pdl, &p,
            "mla_sm90_attention");

@@ -107,11 +107,15 @@ def tma_page_size(page_size: int) -> bool:
     return page_size % 64 == 0 or (page_size >= 8 and 64 % page_size == 0)
 
 
-def attention_kernel(page_size: int, rows_per_request: int = 64, ragged: bool = False) -> str:
+def attention_kernel(page_size: int, rows_per_request: int = 64, ragged: bool = False, fp8: bool = False) -> str:
     """The kernel a call launches (it plans, attends and merges splits): csrc/launcher.cu's rule.
-    rows_per_request: q_len * H of a uniform call."""
-    if tma_page_size(page_size) and not ragged and 1 <= rows_per_request <= 32:
-        return f"mla_sm90_attention_narrow{16 if rows_per_request <= 16 else 32} (TMA, transposed tiles)"
+    rows_per_request: q_len * H of a uniform call; fp8: a float8_e4m3fn cache (narrow kernel only)."""
+    narrow = tma_page_size(page_size) and not ragged and 1 <= rows_per_request <= 32
+    if fp8 and not narrow:
+        raise NotImplementedError("kv_cache in float8_e4m3fn runs only on the narrow kernel's shapes")
+    suffix = "_fp8 (TMA, transposed tiles, e4m3 converted to bf16)" if fp8 else " (TMA, transposed tiles)"
+    if narrow:
+        return f"mla_sm90_attention_narrow{16 if rows_per_request <= 16 else 32}{suffix}"
     if tma_page_size(page_size):
         return "mla_sm90_attention (TMA)"
     return "mla_sm90_attention_any_page (cp.async)"
@@ -156,7 +160,7 @@ def _next_call_report() -> str:
     lines.append(
         f"  kernels:  {attention_kernel(64)} for page sizes 8, 16, 32, 64 or multiples "
         f"of 64 (else {attention_kernel(24)}), narrow16/32 for uniform q_len * H <= 16/32 "
-        f"with those pages; one cooperative launch per call"
+        f"with those pages (their _fp8 twins for a float8_e4m3fn cache); one cooperative launch per call"
     )
     return "\n".join(lines)
 

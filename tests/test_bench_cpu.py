@@ -78,7 +78,7 @@ def test_visible_flops_follow_the_bottom_right_causal_mask(bench):
 
 def test_table_and_calls_per_replay(bench):
     shapes = bench.shape_table()
-    assert len(shapes) == 13 and len({s.name for s in shapes}) == 13
+    assert len(shapes) == 16 and len({s.name for s in shapes}) == 16
     spec = _by_name(bench, "spec_b64_q1to4_kv4096_h128")
     assert spec.ragged and spec.batch == 64 and set(spec.q_lens) <= {1, 2, 3, 4} and len(set(spec.q_lens)) > 1
     assert spec.q_lens == bench.shape_table()[11].q_lens  # seeded: the same every run
@@ -100,7 +100,7 @@ def test_shape_selection(bench):
     with pytest.raises(ValueError, match="matches no shape"):
         bench.select_shapes(shapes, "nope")
     with pytest.raises(ValueError, match="out of range"):
-        bench.select_shapes(shapes, "13")
+        bench.select_shapes(shapes, "16")
 
 
 def test_dry_run_prints_the_table_without_a_gpu():
@@ -229,3 +229,13 @@ def test_validate_script_parses():
     script = SCRIPT.parent / "validate_gpu.sh"
     run = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True, timeout=30)
     assert run.returncode == 0, run.stderr
+
+
+def test_fp8_rows_count_one_byte_per_kv_element(bench):
+    shapes = {s.name: s for s in bench.shape_table()}
+    bf16, fp8 = shapes["b64_kv8192_h16_q1"], shapes["b64_kv8192_h16_q1_fp8"]
+    assert fp8.kv_fp8 and not bf16.kv_fp8
+    assert fp8.kv_bytes * 2 == bf16.kv_bytes == 64 * 8192 * 576 * 2
+    assert fp8.q_bytes == bf16.q_bytes and fp8.out_bytes == bf16.out_bytes
+    assert fp8.flops == bf16.flops
+    assert fp8.kv_bytes_per_set * 2 == bf16.kv_bytes_per_set

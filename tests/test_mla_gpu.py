@@ -136,6 +136,42 @@ def test_matrix(B, q_len, H, page, kind, ragged, extra):
     _check(case, out, lse, sinks=sinks, bmm2=bmm2, label=f"B{B} q{q_len} H{H} p{page} {kind} {extra}")
 
 
+# fp8 e4m3 KV cache with a bf16 query, on the narrow kernel's shapes (uniform, q_len * H <= 32, a
+# TMA page size). The kernel converts e4m3 to bf16 exactly, so the reference on the upcast cache
+# and the bf16 tolerance hold as they are. (B, q_len, H, page, kv kind, extras)
+FP8_MATRIX = [
+    (1, 1, 16, 64, "long", {}),
+    (64, 1, 16, 64, "mixed", {"tensor_scales": True}),
+    (64, 2, 16, 32, "mixed", {"sinks": True}),
+    (257, 1, 32, 16, "short", {"cache_4d": True, "pool_padding": 8}),
+    (8, 1, 16, 8, "mixed", {"bmm2": 0.5}),
+    (16, 2, 16, 128, "mixed", {}),
+    (257, 1, 16, 64, "uniform", {}),
+    (3, 8, 3, 32, "mixed", {"sinks": True}),
+]
+
+
+@pytest.mark.parametrize("B,q_len,H,page,kind,extra", FP8_MATRIX)
+def test_fp8_kv_cache(B, q_len, H, page, kind, extra):
+    rng = random.Random(hash(("fp8", B, q_len, H, page, kind)) & 0xFFFF)
+    kv_lens = _kv_lens(rng, [q_len] * B, kind)
+    case = make_case(
+        B, q_len, H, page, kv_lens, dtype=torch.float8_e4m3fn, cache_4d=extra.get("cache_4d", False),
+        pool_padding=extra.get("pool_padding", 0), device=DEV, seed=rng.randint(0, 1 << 30),
+    )
+    assert case.kv_cache.dtype == torch.float8_e4m3fn and case.query.dtype == torch.bfloat16
+    sinks, bmm2 = extra.get("sinks", False), extra.get("bmm2", 1.0)
+    out, lse = _run(case, sinks=sinks, tensor_scales=extra.get("tensor_scales", False), bmm2=bmm2)
+    _check(case, out, lse, sinks=sinks, bmm2=bmm2, label=f"fp8 B{B} q{q_len} H{H} p{page} {kind} {extra}")
+
+
+def test_fp8_kv_cache_other_shapes_are_refused():
+    # Not yet on the 64-row kernels (issue 5): a clear error, never a slow or wrong fallback.
+    case = make_case(2, 1, 128, 64, [100, 300], dtype=torch.float8_e4m3fn, device=DEV, seed=5)
+    with pytest.raises(NotImplementedError, match="kv_cache in float8_e4m3fn runs only"):
+        _run(case)
+
+
 def test_tensor_and_float_scales_match_bitwise():
     case = make_case(8, 2, 128, 64, [100, 4000, 1, 77, 2048, 640, 3, 999], device=DEV, seed=3)
     a, la = _run(case, bmm2=0.75)

@@ -51,8 +51,16 @@ template <int NT>
 __device__ void plan_splits(const MlaParams& p) {
   const int tid = threadIdx.x;
   const int B = p.batch;
+  // Values one thread needs from another: scan totals come back in registers, the groups' cost
+  // range is reduced in shared memory (a global write, barrier and read is an L2 round trip).
+  __shared__ int s_cost_min, s_cost_max;
+  if (tid == 0) {
+    s_cost_min = INT_MAX;
+    s_cost_max = INT_MIN;
+  }
 
   // 1. group_prefix[b]: first group of request b. Each thread scans a contiguous chunk serially.
+  int num_groups;
   {
     const int chunk = (B + NT - 1) / NT;
     const int b0 = min(B, tid * chunk), b1 = min(B, b0 + chunk);
@@ -66,10 +74,10 @@ __device__ void plan_splits(const MlaParams& p) {
       p.group_prefix[b] = (int)min(run, (long long)p.max_groups);
       run += request_num_groups(p, b);
     }
-    if (tid == 0) p.group_prefix[B] = (int)min(total, (long long)p.max_groups);
+    num_groups = (int)min(total, (long long)p.max_groups);
+    if (tid == 0) p.group_prefix[B] = num_groups;
   }
   __syncthreads();
-  const int num_groups = p.group_prefix[B];
 
   // 2. cost_prefix[g+1] = cost of groups 0..g.
   long long W;
@@ -77,13 +85,22 @@ __device__ void plan_splits(const MlaParams& p) {
     const int chunk = (num_groups + NT - 1) / NT;
     const int g0 = min(num_groups, tid * chunk), g1 = min(num_groups, g0 + chunk);
     long long local = 0;
-    int b = g0 < g1 ? find_request(p, g0) : 0;
+    int cmin = INT_MAX, cmax = INT_MIN;
+    const int b_g0 = g0 < g1 ? find_request(p, g0) : 0;  // one search (a chain of global reads)
+    int b = b_g0;
     for (int g = g0; g < g1; ++g) {
       while (p.group_prefix[b + 1] <= g) ++b;
-      local += kUnitOverheadBlocks + group_num_blocks(p, b, g - p.group_prefix[b]);
+      const int c = kUnitOverheadBlocks + group_num_blocks(p, b, g - p.group_prefix[b]);
+      local += c;
+      cmin = min(cmin, c);
+      cmax = max(cmax, c);
     }
-    long long run = block_exclusive_scan<NT>(local, &W);
-    b = g0 < g1 ? find_request(p, g0) : 0;
+    if (g0 < g1) {
+      atomicMin(&s_cost_min, cmin);
+      atomicMax(&s_cost_max, cmax);
+    }
+    long long run = block_exclusive_scan<NT>(local, &W);  // its barriers publish the atomics
+    b = b_g0;
     for (int g = g0; g < g1; ++g) {
       while (p.group_prefix[b + 1] <= g) ++b;
       run += kUnitOverheadBlocks + group_num_blocks(p, b, g - p.group_prefix[b]);
@@ -103,14 +120,9 @@ __device__ void plan_splits(const MlaParams& p) {
   // slightly fewer sets (>= kWholeGroupSetsPct % of them) balance exactly and split nothing.
   int groups_per_set = 0;
   {
-    __shared__ int s_uniform;
-    if (tid == 0) s_uniform = 1;
-    __syncthreads();
-    const long long first = num_groups > 0 ? p.cost_prefix[1] : 0;
-    for (int g = tid; g < num_groups; g += NT)
-      if (p.cost_prefix[g + 1] - p.cost_prefix[g] != first) s_uniform = 0;
-    __syncthreads();
-    if (s_uniform && num_groups > S) {
+    // All groups cost the same <=> min == max (no groups: nothing to balance).
+    const bool uniform = s_cost_min == s_cost_max;
+    if (uniform && num_groups > S) {
       const int k = (num_groups + S - 1) / S;
       const int sets = (num_groups + k - 1) / k;
       if (sets * 100 >= S * kWholeGroupSetsPct) {

@@ -11,6 +11,12 @@
 // kb0 + w, kb0 + w + 2, ..., in stage w), each with its own running max; at the end of a unit
 // their O, max and sums are merged through shared memory and written by the 64-row epilogue
 // (store_unit_result), so outputs, partials, LSE and sinks are handled as in the other kernels.
+//
+// kFp8: the KV cache is float8_e4m3fn (a bf16 query). Each block lands as 9 unswizzled boxes of
+// (64 tokens, 64) e4m3 in the upper half of the warpgroup's stage and is turned into the bf16
+// tile in place, box by box, while the QK^T wgmmas of the boxes before run. The conversion is
+// exact (every e4m3 value is a bf16 value), so the rest of the kernel is the bf16 one, and the
+// per-tensor k/v scales stay folded into bmm1_scale / bmm2_scale (the contract's convention).
 #pragma once
 #include <cuda_bf16.h>
 
@@ -60,6 +66,68 @@ __device__ __forceinline__ void zero_v_rows(uint8_t* stage, int first_row, int w
   wg_barrier(wg);
 }
 
+// fp8 block geometry: box j of (64 tokens, 64) e4m3, rows 64 bytes apart, 4 KiB, at
+// kFp8Offset + 4 KiB j of the stage (its upper half).
+constexpr int kFp8BoxBytes = kBlockN * kBoxCols;
+constexpr int kFp8Offset = kTileBytes - kNumBoxesQK * kFp8BoxBytes;
+
+// Warp-collective (warp 0): block `block` as fp8 boxes into the upper half of a stage; box bx
+// completes on mbarrier bars + 8 bx. Lane c issues chunk c with the page id it holds in `page`.
+__device__ __forceinline__ void issue_kv_fp8(const MlaParams& p, uint32_t stage, uint32_t bars, int block,
+                                             int page) {
+  if constexpr (kProbeNoLoads) return;
+  const int lane = threadIdx.x & 31;
+  if (lane == 0)
+    for (int bx = 0; bx < kNumBoxesQK; ++bx) mbar_arrive_expect_tx(bars + 8 * bx, kFp8BoxBytes);
+  if (lane < (kBlockN >> (31 - __clz(p.kv_box_rows)))) {
+    const int r0 = lane * p.kv_box_rows;
+    const int row = page_row(block * kBlockN + r0, p.page_size);
+    const uint64_t policy = createpolicy_evict_first();  // read once, as in issue_kv_half
+    for (int bx = 0; bx < kNumBoxesQK; ++bx)
+      tma_load_3d(stage + kFp8Offset + bx * kFp8BoxBytes + r0 * kBoxCols, &p.kv_tmap, bars + 8 * bx,
+                  bx * kBoxCols, row, page, policy);
+  }
+}
+
+// Four e4m3 (one word, byte 0 first) -> four bf16 (two words), exactly: e4m3 -> f16 by cvt (f16
+// holds every e4m3 value, NaN included), f16 -> f32 -> bf16 (every such value is a bf16 value).
+__device__ __forceinline__ uint2 e4m3x4_to_bf16x4(uint32_t w) {
+  uint32_t h01, h23;
+  asm("{\n"
+      ".reg .b16 lo, hi;\n"
+      "mov.b32 {lo, hi}, %2;\n"
+      "cvt.rn.f16x2.e4m3x2 %0, lo;\n"
+      "cvt.rn.f16x2.e4m3x2 %1, hi;\n"
+      "}\n"
+      : "=r"(h01), "=r"(h23)
+      : "r"(w));
+  const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&h01));
+  const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&h23));
+  return make_uint2(pack_bf16x2(a.x, a.y), pack_bf16x2(b.x, b.y));
+}
+
+// Thread tw's share of fp8 box j: row tw / 2, columns 32 (tw % 2) .. + 31 (32 e4m3, two uint4).
+struct Fp8Share {
+  uint4 a, b;
+};
+__device__ __forceinline__ Fp8Share read_fp8_share(const uint8_t* stage, int j) {
+  const int tw = threadIdx.x & 127;
+  const uint4* src =
+      reinterpret_cast<const uint4*>(stage + kFp8Offset + j * kFp8BoxBytes + (tw >> 1) * kBoxCols + 32 * (tw & 1));
+  return Fp8Share{src[0], src[1]};
+}
+// ... as bf16 into box j of the stage's bf16 tile: 16-byte chunks 4 (tw % 2) .. + 3 of row tw / 2.
+__device__ __forceinline__ void write_bf16_share(uint8_t* stage, int j, const Fp8Share& v) {
+  const int tw = threadIdx.x & 127, r = tw >> 1, h = tw & 1;
+  const uint32_t w[8] = {v.a.x, v.a.y, v.a.z, v.a.w, v.b.x, v.b.y, v.b.z, v.b.w};
+  uint8_t* box = stage + j * kBoxBytes;
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    const uint2 lo = e4m3x4_to_bf16x4(w[2 * c]), hi = e4m3x4_to_bf16x4(w[2 * c + 1]);
+    *reinterpret_cast<uint4*>(box + swizzled(r, 4 * h + c)) = make_uint4(lo.x, lo.y, hi.x, hi.y);
+  }
+}
+
 // Lanes 0-7 of warp 0: the page ids of block `block`'s TMA chunks, read a block ahead of their
 // use so the refill does not wait on the block table.
 __device__ __forceinline__ int block_pages(const MlaParams& p, const int* bt_row, int block, int kv_len) {
@@ -67,7 +135,7 @@ __device__ __forceinline__ int block_pages(const MlaParams& p, const int* bt_row
   return lane < 8 ? chunk_page(p, bt_row, block, lane, kv_len) : p.num_pages;
 }
 
-template <int kN>
+template <int kN, bool kFp8>
 __device__ void attention_narrow(const MlaParams& p) {
   constexpr int kT = kN / 8;       // column octets per thread: columns 8t + 2 q4 + {0, 1}
   constexpr int kAcc = kN / 2;     // fp32 registers of one m64nN accumulator
@@ -104,8 +172,12 @@ __device__ void attention_narrow(const MlaParams& p) {
 
     if (tw < 32 && kb0 + wg < kb1) {
       const int page = block_pages(p, bt_row, kb0 + wg, kv_len);
-      issue_kv_half(p, stage, bars, kb0 + wg, 0, page, 0);
-      issue_kv_half(p, stage, bars, kb0 + wg, 1, page, 0);
+      if constexpr (kFp8) {
+        issue_kv_fp8(p, stage, bars, kb0 + wg, page);
+      } else {
+        issue_kv_half(p, stage, bars, kb0 + wg, 0, page, 0);
+        issue_kv_half(p, stage, bars, kb0 + wg, 1, page, 0);
+      }
     }
     load_q_rows<kN>(sQ, p, unit.q_row_base, unit.rows);
     cp_async_commit();
@@ -137,14 +209,42 @@ __device__ void attention_narrow(const MlaParams& p) {
       // ---- S^T = K Q^T, box by box as they land -----------------------------------------
       float st[kAcc];
       wgmma_fence();
+      if constexpr (kFp8) {
+        // Box j's bf16 output overlaps fp8 boxes 2j - 9 and 2j - 8 (j >= 4; box 8 itself at
+        // j = 8): every thread has read boxes <= j before the barrier that precedes the writes
+        // of box j, and the same barrier orders the writes (and proxy fences) of box j - 1
+        // before its wgmmas, which then run while box j is converted.
+        kv_wait(bars, par, kSiteQkBox);
+        Fp8Share v = read_fp8_share(ss.kv[wg], 0);
 #pragma unroll
-      for (int bx = 0; bx < kNumBoxesQK; ++bx) {
-        kv_wait(bars + 8 * bx, par, kSiteQkBox);
+        for (int bx = 0; bx <= kNumBoxesQK; ++bx) {
+          wg_barrier(wg);
+          if (bx > 0) {
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk)
-          WgmmaN<kN, 0>::mma(st, make_smem_desc(stage + bx * kBoxBytes + kk * 32, 16, 1024),
-                                  make_smem_desc(sQ + bx * kN * 128 + kk * 32, 16, 1024),
-                                  bx == 0 && kk == 0 ? 0 : 1);
+            for (int kk = 0; kk < 4; ++kk)
+              WgmmaN<kN, 0>::mma(st, make_smem_desc(stage + (bx - 1) * kBoxBytes + kk * 32, 16, 1024),
+                                 make_smem_desc(sQ + (bx - 1) * kN * 128 + kk * 32, 16, 1024),
+                                 bx == 1 && kk == 0 ? 0 : 1);
+          }
+          if (bx < kNumBoxesQK) {
+            write_bf16_share(ss.kv[wg], bx, v);
+            fence_proxy_async_smem();
+            if (bx + 1 < kNumBoxesQK) {
+              kv_wait(bars + 8 * (bx + 1), par, kSiteQkBox);
+              v = read_fp8_share(ss.kv[wg], bx + 1);
+            }
+          }
+        }
+      } else {
+#pragma unroll
+        for (int bx = 0; bx < kNumBoxesQK; ++bx) {
+          kv_wait(bars + 8 * bx, par, kSiteQkBox);
+#pragma unroll
+          for (int kk = 0; kk < 4; ++kk)
+            WgmmaN<kN, 0>::mma(st, make_smem_desc(stage + bx * kBoxBytes + kk * 32, 16, 1024),
+                               make_smem_desc(sQ + bx * kN * 128 + kk * 32, 16, 1024),
+                               bx == 0 && kk == 0 ? 0 : 1);
+        }
       }
       wgmma_commit();
       wgmma_wait<0>();
@@ -226,14 +326,18 @@ __device__ void attention_narrow(const MlaParams& p) {
         wgmma_commit();
       }
       wgmma_wait<1>();
-      if (tw < 32 && next) issue_kv_half(p, stage, bars, kb + 2, 0, next_page, 0);
+      // bf16: V boxes 0-3 are free. fp8: the block lands in the upper half, over V boxes 4-7.
+      if (!kFp8 && tw < 32 && next) issue_kv_half(p, stage, bars, kb + 2, 0, next_page, 0);
       wgmma_wait<0>();
 #pragma unroll
       for (int i = 0; i < 8; ++i) fence_regs(acc[i]);
 
       // The rest of the stage (V boxes 4-7, the rope box) and sP are free: refill.
       loads += 1;
-      if (tw < 32 && next) issue_kv_half(p, stage, bars, kb + 2, 1, next_page, 0);
+      if (tw < 32 && next) {
+        if constexpr (kFp8) issue_kv_fp8(p, stage, bars, kb + 2, next_page);
+        else issue_kv_half(p, stage, bars, kb + 2, 1, next_page, 0);
+      }
     }
 
     // ---- epilogue: each warpgroup's sums, max and O to shared memory, merged per row ----------

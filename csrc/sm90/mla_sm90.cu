@@ -42,10 +42,21 @@ extern "C" __global__ void __launch_bounds__(jit_mla::kNumThreads, 1)
 
 extern "C" __global__ void __launch_bounds__(jit_mla::kNumThreads, 1)
     mla_sm90_attention_narrow16(const __grid_constant__ MlaParams p) {
-  attend_then_merge<jit_mla::sm90::attention_narrow<16>>(p);
+  attend_then_merge<jit_mla::sm90::attention_narrow<16, false>>(p);
 }
 
 extern "C" __global__ void __launch_bounds__(jit_mla::kNumThreads, 1)
     mla_sm90_attention_narrow32(const __grid_constant__ MlaParams p) {
-  attend_then_merge<jit_mla::sm90::attention_narrow<32>>(p);
+  attend_then_merge<jit_mla::sm90::attention_narrow<32, false>>(p);
+}
+
+// fp8 (e4m3) KV cache, bf16 query: the narrow kernel converting each block to bf16 in place.
+extern "C" __global__ void __launch_bounds__(jit_mla::kNumThreads, 1)
+    mla_sm90_attention_narrow16_fp8(const __grid_constant__ MlaParams p) {
+  attend_then_merge<jit_mla::sm90::attention_narrow<16, true>>(p);
+}
+
+extern "C" __global__ void __launch_bounds__(jit_mla::kNumThreads, 1)
+    mla_sm90_attention_narrow32_fp8(const __grid_constant__ MlaParams p) {
+  attend_then_merge<jit_mla::sm90::attention_narrow<32, true>>(p);
 }
