@@ -291,8 +291,8 @@ const Kernels& kernels_for_device(int device) {
         {g_kernels.attention_any_page, sm90::kAttentionSmemBytes},
         {g_kernels.attention_narrow16, sm90::narrow_smem_bytes<16>()},
         {g_kernels.attention_narrow32, sm90::narrow_smem_bytes<32>()},
-        {g_kernels.attention_narrow16_fp8, sm90::narrow_smem_bytes<16>()},
-        {g_kernels.attention_narrow32_fp8, sm90::narrow_smem_bytes<32>()},
+        {g_kernels.attention_narrow16_fp8, sm90::narrow_fp8_smem_bytes<16>()},
+        {g_kernels.attention_narrow32_fp8, sm90::narrow_fp8_smem_bytes<32>()},
     };
     for (const auto& [fn, bytes] : limits)
       MLA_CUDA_CHECK(cudaKernelSetAttributeForDevice(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes, device),
@@ -608,11 +608,11 @@ void run_attention(TensorView out, Optional<TensorView> lse, TensorView query, T
   // (narrow and rows_per_request: worked out with the kv_cache checks above.)
   if (narrow && rows_per_request <= 16)
     launch(kv_fp8 ? k.attention_narrow16_fp8 : k.attention_narrow16, p.num_ctas, kNumThreads,
-           sm90::narrow_smem_bytes<16>(), stream, enable_pdl, &p,
+           kv_fp8 ? sm90::narrow_fp8_smem_bytes<16>() : sm90::narrow_smem_bytes<16>(), stream, enable_pdl, &p,
            kv_fp8 ? "mla_sm90_attention_narrow16_fp8" : "mla_sm90_attention_narrow16");
   else if (narrow)
     launch(kv_fp8 ? k.attention_narrow32_fp8 : k.attention_narrow32, p.num_ctas, kNumThreads,
-           sm90::narrow_smem_bytes<32>(), stream, enable_pdl, &p,
+           kv_fp8 ? sm90::narrow_fp8_smem_bytes<32>() : sm90::narrow_smem_bytes<32>(), stream, enable_pdl, &p,
            kv_fp8 ? "mla_sm90_attention_narrow32_fp8" : "mla_sm90_attention_narrow32");
   else if (use_tma)
     launch(k.attention, p.num_ctas, kNumThreads, sm90::kSeesawSmemBytes, stream, enable_pdl, &p,

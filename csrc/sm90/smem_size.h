@@ -52,6 +52,26 @@ constexpr int narrow_smem_bytes() {
   return (int)sizeof(NarrowSmem<kN>) + 1024;  // + re-alignment of the dynamic smem base to 1 KiB
 }
 static_assert(narrow_smem_bytes<32>() + 128 <= 227 * 1024, "shared memory over the sm_90 per-block limit");
+
+// The fp8 narrow kernel (attention_narrow<kN, true>): a KV block is 9 fp8 boxes of (64 tokens, 64)
+// e4m3, 4 KiB each. So that a warpgroup's next block lands while it works on the current one, its
+// boxes go where bytes are free early: boxes [0, kX) into the warpgroup's x buffer (free once the
+// current block is converted), boxes [kX, 7) into the low bytes of its stage (free once the first
+// half of PV is done), boxes 7 and 8 into the stage's rope box (free once QK^T is done). kX is what
+// the shared memory left beside Q and P holds: 7 boxes at kN 16, 4 at kN 32.
+constexpr int kFp8BoxBytes = kBlockN * kBoxCols;
+template <int kN>
+constexpr int kNarrowFp8XBoxes = kN == 16 ? 7 : 4;
+template <int kN>
+struct NarrowFp8Smem : NarrowSmem<kN> {
+  alignas(128) uint8_t x[2][kNarrowFp8XBoxes<kN> * kFp8BoxBytes];  // warpgroup w's early boxes
+};
+template <int kN>
+constexpr int narrow_fp8_smem_bytes() {
+  return (int)sizeof(NarrowFp8Smem<kN>) + 1024;
+}
+static_assert(narrow_fp8_smem_bytes<16>() + 128 <= 227 * 1024, "shared memory over the sm_90 per-block limit");
+static_assert(narrow_fp8_smem_bytes<32>() + 128 <= 227 * 1024, "shared memory over the sm_90 per-block limit");
 // The end of a unit merges the two warpgroups' O (kN rows, 512) fp32, each in its own stage, rows
 // kMergeStride floats apart (8 more than 512: the float2 reads of 8 rows then hit 8 bank groups).
 constexpr int kMergeStride = kHeadDimV + 8;
