@@ -11,17 +11,8 @@
 // kb0 + w, kb0 + w + 2, ..., in stage w), each with its own running max; at the end of a unit
 // their O, max and sums are merged through shared memory and written by the 64-row epilogue
 // (store_unit_result), so outputs, partials, LSE and sinks are handled as in the other kernels.
-//
-// kFp8: the KV cache is float8_e4m3fn (a bf16 query). Each block lands as 9 unswizzled boxes of
-// (64 tokens, 64) e4m3 in bytes that are free early (smem_size.h, NarrowFp8Smem), so the next
-// block's loads overlap the current block's work, and is turned into the bf16 tile of the stage in
-// two phases beside the QK^T wgmmas. The conversion is exact (every e4m3 value is a bf16 value), so
-// the rest of the kernel is the bf16 one, and the per-tensor k/v scales stay folded into
-// bmm1_scale / bmm2_scale (the contract's convention).
 #pragma once
 #include <cuda_bf16.h>
-
-#include <type_traits>
 
 #include "../common/device_utils.cuh"
 #include "../common/params.h"
@@ -69,74 +60,6 @@ __device__ __forceinline__ void zero_v_rows(uint8_t* stage, int first_row, int w
   wg_barrier(wg);
 }
 
-// fp8 box b of a warpgroup's block (4 KiB, rows 64 bytes apart): boxes [0, kX) in its x buffer,
-// [kX, 7) at the start of its stage, 7 and 8 in the stage's rope box (bf16 box 8).
-// (A shared-memory address or a generic pointer: the same offsets.)
-template <int kN, typename Addr>
-__device__ __forceinline__ Addr fp8_box(Addr stage, Addr x, int b) {
-  constexpr int kX = kNarrowFp8XBoxes<kN>;
-  return b < kX ? x + b * kFp8BoxBytes
-       : b < 7  ? stage + (b - kX) * kFp8BoxBytes
-                : stage + 8 * kBoxBytes + (b - 7) * kFp8BoxBytes;
-}
-
-// Warp-collective (warp 0): fp8 boxes [b0, b1) of block `block`, by TMA, to fp8_box; box bx
-// completes on mbarrier bars + 8 bx. Lane c issues chunk c with the page id it holds in `page`.
-template <int kN>
-__device__ __forceinline__ void issue_kv_fp8(const MlaParams& p, uint32_t stage, uint32_t x, uint32_t bars,
-                                             int block, int page, int b0, int b1) {
-  if constexpr (kProbeNoLoads) return;
-  const int lane = threadIdx.x & 31;
-  if (lane == 0)
-    for (int bx = b0; bx < b1; ++bx) mbar_arrive_expect_tx(bars + 8 * bx, kFp8BoxBytes);
-  if (lane < (kBlockN >> (31 - __clz(p.kv_box_rows)))) {
-    const int r0 = lane * p.kv_box_rows;
-    const int row = page_row(block * kBlockN + r0, p.page_size);
-    const uint64_t policy = createpolicy_evict_first();  // read once, as in issue_kv_half
-    for (int bx = b0; bx < b1; ++bx)
-      tma_load_3d(fp8_box<kN>(stage, x, bx) + r0 * kBoxCols, &p.kv_tmap, bars + 8 * bx, bx * kBoxCols, row, page,
-                  policy);
-  }
-}
-
-// Four e4m3 (one word, byte 0 first) -> four bf16 (two words), exactly: e4m3 -> f16 by cvt (f16
-// holds every e4m3 value, NaN included), f16 -> f32 -> bf16 (every such value is a bf16 value).
-__device__ __forceinline__ uint2 e4m3x4_to_bf16x4(uint32_t w) {
-  uint32_t h01, h23;
-  asm("{\n"
-      ".reg .b16 lo, hi;\n"
-      "mov.b32 {lo, hi}, %2;\n"
-      "cvt.rn.f16x2.e4m3x2 %0, lo;\n"
-      "cvt.rn.f16x2.e4m3x2 %1, hi;\n"
-      "}\n"
-      : "=r"(h01), "=r"(h23)
-      : "r"(w));
-  const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&h01));
-  const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&h23));
-  return make_uint2(pack_bf16x2(a.x, a.y), pack_bf16x2(b.x, b.y));
-}
-
-// Thread tw's share of fp8 box j: row tw / 2, columns 32 (tw % 2) .. + 31 (32 e4m3, two uint4).
-struct Fp8Share {
-  uint4 a, b;
-};
-__device__ __forceinline__ Fp8Share read_fp8_share(const uint8_t* box) {
-  const int tw = threadIdx.x & 127;
-  const uint4* src = reinterpret_cast<const uint4*>(box + (tw >> 1) * kBoxCols + 32 * (tw & 1));
-  return Fp8Share{src[0], src[1]};
-}
-// ... as bf16 into box j of the stage's bf16 tile: 16-byte chunks 4 (tw % 2) .. + 3 of row tw / 2.
-__device__ __forceinline__ void write_bf16_share(uint8_t* stage, int j, const Fp8Share& v) {
-  const int tw = threadIdx.x & 127, r = tw >> 1, h = tw & 1;
-  const uint32_t w[8] = {v.a.x, v.a.y, v.a.z, v.a.w, v.b.x, v.b.y, v.b.z, v.b.w};
-  uint8_t* box = stage + j * kBoxBytes;
-#pragma unroll
-  for (int c = 0; c < 4; ++c) {
-    const uint2 lo = e4m3x4_to_bf16x4(w[2 * c]), hi = e4m3x4_to_bf16x4(w[2 * c + 1]);
-    *reinterpret_cast<uint4*>(box + swizzled(r, 4 * h + c)) = make_uint4(lo.x, lo.y, hi.x, hi.y);
-  }
-}
-
 // Lanes 0-7 of warp 0: the page ids of block `block`'s TMA chunks, read a block ahead of their
 // use so the refill does not wait on the block table.
 __device__ __forceinline__ int block_pages(const MlaParams& p, const int* bt_row, int block, int kv_len) {
@@ -144,14 +67,13 @@ __device__ __forceinline__ int block_pages(const MlaParams& p, const int* bt_row
   return lane < 8 ? chunk_page(p, bt_row, block, lane, kv_len) : p.num_pages;
 }
 
-template <int kN, bool kFp8>
+template <int kN>
 __device__ void attention_narrow(const MlaParams& p) {
   constexpr int kT = kN / 8;       // column octets per thread: columns 8t + 2 q4 + {0, 1}
   constexpr int kAcc = kN / 2;     // fp32 registers of one m64nN accumulator
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw_addr = smem_u32(smem_raw);
-  using Smem = std::conditional_t<kFp8, NarrowFp8Smem<kN>, NarrowSmem<kN>>;
-  Smem& ss = *reinterpret_cast<Smem*>(smem_raw + ((1024 - (raw_addr & 1023)) & 1023));
+  NarrowSmem<kN>& ss = *reinterpret_cast<NarrowSmem<kN>*>(smem_raw + ((1024 - (raw_addr & 1023)) & 1023));
 
   const int tid = threadIdx.x, tw = tid % 128, lane = tid & 31, q4 = lane & 3;
   const int wg = __shfl_sync(0xffffffffu, tid / 128, 0);  // warp-uniform: wgmma under it is not serialized
@@ -159,12 +81,6 @@ __device__ void attention_narrow(const MlaParams& p) {
   const int r_a = 16 * warp + lane / 4, r_b = r_a + 8;  // accumulator rows: tokens (S^T) or V columns
   const uint32_t sQ = smem_u32(ss.q), sP = smem_u32(ss.p[wg]);
   const uint32_t stage = smem_u32(ss.kv[wg]), bars = smem_u32(&ss.bar[wg][0]);
-  // fp8: the warpgroup's x buffer (smem_size.h); unused (the stage) for bf16.
-  uint8_t* const x_ptr = [&] {
-    if constexpr (kFp8) return ss.x[wg];
-    else return ss.kv[wg];
-  }();
-  const uint32_t x = smem_u32(x_ptr);
 
   if (tid == 0) {
     for (int st = 0; st < 2; ++st)
@@ -188,12 +104,8 @@ __device__ void attention_narrow(const MlaParams& p) {
 
     if (tw < 32 && kb0 + wg < kb1) {
       const int page = block_pages(p, bt_row, kb0 + wg, kv_len);
-      if constexpr (kFp8) {
-        issue_kv_fp8<kN>(p, stage, x, bars, kb0 + wg, page, 0, kNumBoxesQK);
-      } else {
-        issue_kv_half(p, stage, bars, kb0 + wg, 0, page, 0);
-        issue_kv_half(p, stage, bars, kb0 + wg, 1, page, 0);
-      }
+      issue_kv_half(p, stage, bars, kb0 + wg, 0, page, 0);
+      issue_kv_half(p, stage, bars, kb0 + wg, 1, page, 0);
     }
     load_q_rows<kN>(sQ, p, unit.q_row_base, unit.rows);
     cp_async_commit();
@@ -225,52 +137,14 @@ __device__ void attention_narrow(const MlaParams& p) {
       // ---- S^T = K Q^T, box by box as they land -----------------------------------------
       float st[kAcc];
       wgmma_fence();
-      if constexpr (kFp8) {
-        // Two phases around one barrier. The bf16 boxes 2-7 overwrite no fp8 byte of this block
-        // (fp8_box), so each thread writes them as it converts; it also reads box 8 ahead. After
-        // the barrier every fp8 byte in the stage has been read, so the rest (bf16 box 8 over
-        // the rope box's fp8 boxes 7-8; bf16 boxes 0-1 over the fp8 boxes [kX, 7)) is written
-        // while the wgmmas of boxes 2-7 run.
-        for (int bx = 2; bx < kNumBoxesQK; ++bx) kv_wait(bars + 8 * bx, par, kSiteQkBox);
 #pragma unroll
-        for (int bx = 2; bx < 8; ++bx)
-          write_bf16_share(ss.kv[wg], bx, read_fp8_share(fp8_box<kN>((const uint8_t*)ss.kv[wg], (const uint8_t*)x_ptr, bx)));
-        const Fp8Share rope = read_fp8_share(fp8_box<kN>((const uint8_t*)ss.kv[wg], (const uint8_t*)x_ptr, 8));
-        fence_proxy_async_smem();
-        wg_barrier(wg);
+      for (int bx = 0; bx < kNumBoxesQK; ++bx) {
+        kv_wait(bars + 8 * bx, par, kSiteQkBox);
 #pragma unroll
-        for (int bx = 2; bx < 8; ++bx)
-#pragma unroll
-          for (int kk = 0; kk < 4; ++kk)
-            WgmmaN<kN, 0>::mma(st, make_smem_desc(stage + bx * kBoxBytes + kk * 32, 16, 1024),
-                               make_smem_desc(sQ + bx * kN * 128 + kk * 32, 16, 1024),
-                               bx == 2 && kk == 0 ? 0 : 1);
-        write_bf16_share(ss.kv[wg], 8, rope);
-        kv_wait(bars, par, kSiteQkBox);
-        kv_wait(bars + 8, par, kSiteQkBox);
-#pragma unroll
-        for (int bx = 0; bx < 2; ++bx) write_bf16_share(ss.kv[wg], bx, read_fp8_share(x_ptr + bx * kFp8BoxBytes));
-        fence_proxy_async_smem();
-        wg_barrier(wg);  // the x buffer is read: block kb + 2's first boxes may land there
-#pragma unroll
-        for (int i = 0; i < 3; ++i) {
-          const int bx = i < 2 ? i : 8;
-#pragma unroll
-          for (int kk = 0; kk < 4; ++kk)
-            WgmmaN<kN, 0>::mma(st, make_smem_desc(stage + bx * kBoxBytes + kk * 32, 16, 1024),
-                               make_smem_desc(sQ + bx * kN * 128 + kk * 32, 16, 1024), 1);
-        }
-        if (tw < 32 && next) issue_kv_fp8<kN>(p, stage, x, bars, kb + 2, next_page, 0, kNarrowFp8XBoxes<kN>);
-      } else {
-#pragma unroll
-        for (int bx = 0; bx < kNumBoxesQK; ++bx) {
-          kv_wait(bars + 8 * bx, par, kSiteQkBox);
-#pragma unroll
-          for (int kk = 0; kk < 4; ++kk)
-            WgmmaN<kN, 0>::mma(st, make_smem_desc(stage + bx * kBoxBytes + kk * 32, 16, 1024),
-                               make_smem_desc(sQ + bx * kN * 128 + kk * 32, 16, 1024),
-                               bx == 0 && kk == 0 ? 0 : 1);
-        }
+        for (int kk = 0; kk < 4; ++kk)
+          WgmmaN<kN, 0>::mma(st, make_smem_desc(stage + bx * kBoxBytes + kk * 32, 16, 1024),
+                                  make_smem_desc(sQ + bx * kN * 128 + kk * 32, 16, 1024),
+                                  bx == 0 && kk == 0 ? 0 : 1);
       }
       wgmma_commit();
       wgmma_wait<0>();
@@ -299,8 +173,6 @@ __device__ void attention_narrow(const MlaParams& p) {
 #pragma unroll
           for (int e = 0; e < 2; ++e) ss.colmax[wg][warp][8 * t + 2 * q4 + e] = cm[t][e];
       wg_barrier(wg);
-      // fp8: every warp is past its QK^T, so the rope box (fp8 boxes 7-8 of block kb + 2) is free.
-      if (kFp8 && tw < 32 && next) issue_kv_fp8<kN>(p, stage, x, bars, kb + 2, next_page, 7, kNumBoxesQK);
 
       // ---- running max, P = 2^(s - m) into sP as (rows, tokens), O^T rescaled ------------
       float sc[kT][2];
@@ -354,19 +226,14 @@ __device__ void attention_narrow(const MlaParams& p) {
         wgmma_commit();
       }
       wgmma_wait<1>();
-      // V boxes 0-3 are free: bf16, the first half of block kb + 2; fp8, its boxes [kX, 7).
-      if (tw < 32 && next) {
-        if constexpr (!kFp8) issue_kv_half(p, stage, bars, kb + 2, 0, next_page, 0);
-        else if constexpr (kNarrowFp8XBoxes<kN> < 7)
-          issue_kv_fp8<kN>(p, stage, x, bars, kb + 2, next_page, kNarrowFp8XBoxes<kN>, 7);
-      }
+      if (tw < 32 && next) issue_kv_half(p, stage, bars, kb + 2, 0, next_page, 0);
       wgmma_wait<0>();
 #pragma unroll
       for (int i = 0; i < 8; ++i) fence_regs(acc[i]);
 
-      // bf16: the rest of the stage (V boxes 4-7, the rope box) and sP are free: refill.
+      // The rest of the stage (V boxes 4-7, the rope box) and sP are free: refill.
       loads += 1;
-      if (!kFp8 && tw < 32 && next) issue_kv_half(p, stage, bars, kb + 2, 1, next_page, 0);
+      if (tw < 32 && next) issue_kv_half(p, stage, bars, kb + 2, 1, next_page, 0);
     }
 
     // ---- epilogue: each warpgroup's sums, max and O to shared memory, merged per row ----------

@@ -7,6 +7,7 @@
 #include "../common/probe.h"
 #include "attention_any_page.cuh"
 #include "attention_narrow.cuh"
+#include "attention_narrow_fp8.cuh"
 #include "attention_seesaw.cuh"
 
 using jit_mla::MlaParams;
@@ -42,21 +43,21 @@ extern "C" __global__ void __launch_bounds__(jit_mla::kNumThreads, 1)
 
 extern "C" __global__ void __launch_bounds__(jit_mla::kNumThreads, 1)
     mla_sm90_attention_narrow16(const __grid_constant__ MlaParams p) {
-  attend_then_merge<jit_mla::sm90::attention_narrow<16, false>>(p);
+  attend_then_merge<jit_mla::sm90::attention_narrow<16>>(p);
 }
 
 extern "C" __global__ void __launch_bounds__(jit_mla::kNumThreads, 1)
     mla_sm90_attention_narrow32(const __grid_constant__ MlaParams p) {
-  attend_then_merge<jit_mla::sm90::attention_narrow<32, false>>(p);
+  attend_then_merge<jit_mla::sm90::attention_narrow<32>>(p);
 }
 
-// fp8 (e4m3) KV cache, bf16 query: the narrow kernel converting each block to bf16 in place.
+// fp8 (e4m3) KV cache, bf16 query: the narrow kernel with the cache fp8 in shared memory.
 extern "C" __global__ void __launch_bounds__(jit_mla::kNumThreads, 1)
     mla_sm90_attention_narrow16_fp8(const __grid_constant__ MlaParams p) {
-  attend_then_merge<jit_mla::sm90::attention_narrow<16, true>>(p);
+  attend_then_merge<jit_mla::sm90::attention_narrow_fp8<16>>(p);
 }
 
 extern "C" __global__ void __launch_bounds__(jit_mla::kNumThreads, 1)
     mla_sm90_attention_narrow32_fp8(const __grid_constant__ MlaParams p) {
-  attend_then_merge<jit_mla::sm90::attention_narrow<32, true>>(p);
+  attend_then_merge<jit_mla::sm90::attention_narrow_fp8<32>>(p);
 }

@@ -53,28 +53,34 @@ constexpr int narrow_smem_bytes() {
 }
 static_assert(narrow_smem_bytes<32>() + 128 <= 227 * 1024, "shared memory over the sm_90 per-block limit");
 
-// The fp8 narrow kernel (attention_narrow<kN, true>): a KV block is 9 fp8 boxes of (64 tokens, 64)
-// e4m3, 4 KiB each. So that a warpgroup's next block lands while it works on the current one, its
-// boxes go where bytes are free early: boxes [0, kX) into the warpgroup's x buffer (free once the
-// current block is converted), boxes [kX, 7) into the low bytes of its stage (free once the first
-// half of PV is done), boxes 7 and 8 into the stage's rope box (free once QK^T is done). kX is what
-// the shared memory left beside Q and P holds: 7 boxes at kN 16, 4 at kN 32.
-constexpr int kFp8BoxBytes = kBlockN * kBoxCols;
+// The fp8 narrow kernel (attention_narrow_fp8.cuh): KV blocks stay fp8 in shared memory (9
+// unswizzled boxes of (64 tokens, 64) e4m3, 36 KiB) and reach the tensor cores through registers,
+// so a stage is half a bf16 one and each warpgroup keeps two blocks in flight: stages 2w and 2w + 1
+// (contiguous: together they hold the warpgroup's (kN, 512) fp32 O at the end of a unit). Q and P
+// are f16 with permuted columns (the kernel's header says why).
+constexpr int kFp8BoxBytes = kBlockN * kBoxCols;               // 4 KiB
+constexpr int kFp8TileBytes = kNumBoxesQK * kFp8BoxBytes;      // 36 KiB
 template <int kN>
-constexpr int kNarrowFp8XBoxes = kN == 16 ? 7 : 4;
-template <int kN>
-struct NarrowFp8Smem : NarrowSmem<kN> {
-  alignas(128) uint8_t x[2][kNarrowFp8XBoxes<kN> * kFp8BoxBytes];  // warpgroup w's early boxes
+struct NarrowFp8Smem {
+  uint8_t kv[4][kFp8TileBytes];      // stage 2w + j: warpgroup w's blocks kb0 + w + 2 (2i + j)
+  uint8_t q[kNumBoxesQK][kN * 128];  // Q rows (kN, 576) f16, 9 swizzled boxes of (kN, 64), permuted
+  uint8_t p[2][kN * 128];            // warpgroup w's P: (kN rows, 64 tokens) f16, swizzled, permuted
+  float colmax[2][4][kN];            // per warpgroup and warp: a block's column maxima / sums
+  float m[2][kN];                    // end of a unit: each warpgroup's running max per row
+  float l[2][kN];                    // and its softmax sums
+  int qexp[kN];                      // Q row c was stored as q * 2^-qexp[c] (f16 range)
+  uint64_t bar[4][kNumBoxesQK];      // TMA mbarriers: [stage][box]
 };
 template <int kN>
 constexpr int narrow_fp8_smem_bytes() {
   return (int)sizeof(NarrowFp8Smem<kN>) + 1024;
 }
-static_assert(narrow_fp8_smem_bytes<16>() + 128 <= 227 * 1024, "shared memory over the sm_90 per-block limit");
 static_assert(narrow_fp8_smem_bytes<32>() + 128 <= 227 * 1024, "shared memory over the sm_90 per-block limit");
+
 // The end of a unit merges the two warpgroups' O (kN rows, 512) fp32, each in its own stage, rows
 // kMergeStride floats apart (8 more than 512: the float2 reads of 8 rows then hit 8 bank groups).
 constexpr int kMergeStride = kHeadDimV + 8;
 static_assert(32 * kMergeStride * 4 <= kTileBytes, "a warpgroup's O fits in its stage");
+static_assert(32 * kMergeStride * 4 <= 2 * kFp8TileBytes, "a warpgroup's O fits in its two fp8 stages");
 
 }  // namespace jit_mla::sm90

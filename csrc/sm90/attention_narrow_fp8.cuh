@@ -1,0 +1,479 @@
+// The narrow kernel (attention_narrow.cuh: transposed tiles, units of at most kN = 16 or 32 rows)
+// for a float8_e4m3fn KV cache and a bf16 query. The cache stays fp8 in shared memory and goes
+// to the tensor cores through registers (wgmma with A from registers, f16 inputs):
+//   S^T = K Q^T     A = K: each thread loads its rows' e4m3 bytes and converts them to f16 (exact:
+//                   f16 holds every e4m3 value); B = Q in f16
+//   O^T += V^T P^T  A = V^T: each thread loads 16 V columns of 4 tokens and transposes the bytes
+//                   (prmt) into fragments; B = P in f16 (P in [0, 1]: f16 is finer than bf16)
+// Against converting each block to bf16 in shared memory, this halves the shared-memory traffic
+// per block (no bf16 tile written and re-read by the wgmmas) and the stage size, so each
+// warpgroup keeps two blocks in flight (smem_size.h, NarrowFp8Smem).
+//
+// Permutations. A dot product does not care about the order of its terms, and wgmma's fragment
+// layout does not match the bytes a thread can load at once. So the reduction dimension is
+// permuted, the same way in A and B:
+//   QK^T k-step s = 4 b + u (box b, 64 columns): thread q (lane % 4) holds at fragment positions
+//     2q, 2q + 1 the columns 64 b + 16 q + 4 u + {0, 1}, and at 2q + 8, 2q + 9 those + {2, 3}: one
+//     16-byte load per row gives 4 k-steps. Q is stored with the same permutation (q_position).
+//   PV k-step s: thread q holds at positions 2q, 2q + 1, 2q + 8, 2q + 9 the tokens
+//     16 s + q + 4 {0, 1, 2, 3} (token rows of one load are 64 bytes apart, so a warp's loads
+//     hit 8 distinct 16-byte bank groups). P is stored with the same permutation (p_position).
+// and the M dimension of PV (V columns) too, undone when O is written: thread (warp w, row r =
+// lane / 4) loads V columns 16 (8 w + r) + [0, 16); column 16 (8 w + r) + 2 i + h is row r + 8 h of
+// its slice of tile i (v_column).
+//
+// Q in f16: row c is stored as q * 2^-e_c with e_c from the row's largest |q| (the largest then
+// lands in [2^15, 2^16), below f16's 65504 for any bf16 value), and 2^e_c goes into that row's
+// score scale. So no q overflows f16, and small rows keep their precision.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "../common/device_utils.cuh"
+#include "../common/params.h"
+#include "../common/plan.cuh"
+#include "../common/units.cuh"
+#include "../config.h"
+#include "attention_narrow.cuh"  // wg_barrier, block_pages
+#include "attention_seesaw.cuh"  // page_row, kv_wait, kMaxInit
+#include "epilogue.cuh"
+#include "smem_size.h"
+#include "tile_utils.cuh"
+#include "wgmma.cuh"
+
+namespace jit_mla::sm90 {
+
+// D(64 x N, fp32) (+)= A(64 x 16, f16, registers) * B(N x 16, f16, shared memory, K-major).
+template <int N>
+struct WgmmaRsF16;
+
+template <>
+struct WgmmaRsF16<16> {
+  static __device__ __forceinline__ void mma(float (&d)[8], const uint32_t (&a)[4], uint64_t desc_b,
+                                             int accumulate) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %13, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n"
+        "}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
+  }
+};
+
+template <>
+struct WgmmaRsF16<32> {
+  static __device__ __forceinline__ void mma(float (&d)[16], const uint32_t (&a)[4], uint64_t desc_b,
+                                             int accumulate) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %21, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, "
+        "1, 0;\n"
+        "}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
+  }
+};
+
+// Four e4m3 (one word, byte 0 first) -> two f16x2: bytes 0-1 in `lo`, 2-3 in `hi` (lower byte in
+// the lower half), exactly.
+__device__ __forceinline__ void e4m3x4_to_f16x4(uint32_t w, uint32_t& lo, uint32_t& hi) {
+  asm("{\n"
+      ".reg .b16 l, h;\n"
+      "mov.b32 {l, h}, %2;\n"
+      "cvt.rn.f16x2.e4m3x2 %0, l;\n"
+      "cvt.rn.f16x2.e4m3x2 %1, h;\n"
+      "}\n"
+      : "=r"(lo), "=r"(hi)
+      : "r"(w));
+}
+
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+  return d;
+}
+
+__device__ __forceinline__ uint32_t word(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+// Column position (0..63) inside a Q box of the box's column j (QK^T permutation, header).
+__device__ __forceinline__ int q_position(int j) {
+  const int q = j >> 4, u = (j >> 2) & 3, jj = j & 3;
+  return 16 * u + 2 * q + (jj < 2 ? jj : 6 + jj);
+}
+// Column position (0..63) in P of token t of the block (PV permutation, header).
+__device__ __forceinline__ int p_position(int t) {
+  const int q = t & 3, jj = (t >> 2) & 3;
+  return (t & ~15) + 2 * q + (jj < 2 ? jj : 6 + jj);
+}
+
+// 2^e as a float, e in [-126, 127].
+__device__ __forceinline__ float exp2_int(int e) { return __int_as_float((127 + e) << 23); }
+
+// Q rows [row_base, row_base + rows) -> sQ as f16, permuted, each row scaled by 2^-e_c (e_c into
+// qexp); rows past `rows` zero. Thread tid < 8 kN: row tid / 8, 16-byte chunks tid % 8 + 8 k.
+template <int kN>
+__device__ __forceinline__ void load_q_rows_f16(uint8_t* sQ, int* qexp, const MlaParams& p, long long row_base,
+                                                int rows) {
+  const int c = threadIdx.x >> 3, part = threadIdx.x & 7;
+  if (c >= kN) return;  // warp-uniform: 8 rows per warp
+  const bool valid = c < rows;
+  const uint4* src = reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(p.q) +
+                                                    (valid ? (row_base + c) * kHeadDimQK : 0));
+  uint4 v[9];
+  uint32_t amax = 0;  // the largest |q| of this thread's chunks, as float bits (ordered as integers)
+#pragma unroll
+  for (int k = 0; k < 9; ++k) {
+    v[k] = valid ? __ldg(src + part + 8 * k) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      const uint32_t x = word(v[k], w);
+      amax = max(amax, max((x & 0x7fffu) << 16, x & 0x7fff0000u));
+    }
+  }
+  amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+  amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+  amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, 4));
+  // e = floor(log2 max|q|) - 15: the largest lands in [2^15, 2^16). Clamped so that 2^e and 2^-e
+  // are normal floats (an all-zero row: any e; inf or NaN stay what they are).
+  const int e = min(max((int)(amax >> 23) - 127 - 15, -100), 100);
+  if (part == 0) qexp[c] = e;
+  const float down = exp2_int(-e);
+#pragma unroll
+  for (int k = 0; k < 9; ++k) {
+    // Chunk part + 8 k: columns 8 (part + 8 k) + [0, 8) = box b, in-box columns j0 .. j0 + 7.
+    const int col = 8 * (part + 8 * k), b = col >> 6, j0 = col & 63;
+    uint8_t* box = sQ + b * kN * 128;
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      const uint32_t x = word(v[k], w);
+      const __half2 h = __floats2half2_rn(__uint_as_float(x << 16) * down, __uint_as_float(x & 0xffff0000u) * down);
+      const int pos = q_position(j0 + 2 * w);  // a pair of columns stays a pair (even position)
+      *reinterpret_cast<__half2*>(box + swizzled(c, pos >> 3) + 2 * (pos & 7)) = h;
+    }
+  }
+}
+
+// Warp-collective (warp 0): fp8 block `block` -> a stage (9 boxes, box b at stage + 4 KiB b,
+// completing on bars + 8 b). Lane c issues chunk c with the page id it holds in `page`.
+__device__ __forceinline__ void issue_kv_fp8(const MlaParams& p, uint32_t stage, uint32_t bars, int block,
+                                             int page) {
+  if constexpr (kProbeNoLoads) return;
+  const int lane = threadIdx.x & 31;
+  if (lane == 0)
+    for (int bx = 0; bx < kNumBoxesQK; ++bx) mbar_arrive_expect_tx(bars + 8 * bx, kFp8BoxBytes);
+  if (lane < (kBlockN >> (31 - __clz(p.kv_box_rows)))) {
+    const int r0 = lane * p.kv_box_rows;
+    const int row = page_row(block * kBlockN + r0, p.page_size);
+    const uint64_t policy = createpolicy_evict_first();  // read once, as in issue_kv_half
+    for (int bx = 0; bx < kNumBoxesQK; ++bx)
+      tma_load_3d(stage + bx * kFp8BoxBytes + r0 * kBoxCols, &p.kv_tmap, bars + 8 * bx, bx * kBoxCols, row, page,
+                  policy);
+  }
+}
+
+template <int kN>
+__device__ void attention_narrow_fp8(const MlaParams& p) {
+  constexpr int kT = kN / 8;    // column octets per thread: columns 8t + 2 q4 + {0, 1}
+  constexpr int kAcc = kN / 2;  // fp32 registers of one m64nN accumulator
+  constexpr int kChains = kN == 16 ? 3 : 2;  // QK^T accumulators (registers: kN 32 has fewer left)
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t raw_addr = smem_u32(smem_raw);
+  NarrowFp8Smem<kN>& ss =
+      *reinterpret_cast<NarrowFp8Smem<kN>*>(smem_raw + ((1024 - (raw_addr & 1023)) & 1023));
+
+  const int tid = threadIdx.x, tw = tid % 128, lane = tid & 31, q4 = lane & 3, r8 = lane >> 2;
+  const int wg = __shfl_sync(0xffffffffu, tid / 128, 0);  // warp-uniform: wgmma under it is not serialized
+  const int warp = tw / 32;
+  const int r_a = 16 * warp + r8, r_b = r_a + 8;  // S^T accumulator rows: tokens
+  const uint32_t sQ = smem_u32(ss.q), sP = smem_u32(ss.p[wg]);
+
+  if (tid == 0) {
+    for (int st = 0; st < 4; ++st)
+      for (int bx = 0; bx < kNumBoxesQK; ++bx) mbar_init(smem_u32(&ss.bar[st][bx]), 1);
+    fence_mbar_init();
+  }
+  __syncthreads();
+
+  const CtaRange cr = start_cta<kNumThreads>(p);
+  if (cr.group0 == cr.group_end) return;
+
+  const auto [scale_log2, bmm2] = call_scales(p);
+  uint32_t loads = 0;  // blocks this warpgroup consumed so far: block j is in stage 2 wg + j % 2
+
+  for (int grp = cr.group0; grp < cr.group_end; ++grp) {
+    const UnitWork w = unit_work(p, grp, cr.lane_m, cr.beg, cr.end);
+    if (!w.valid) continue;
+    const Unit& unit = w.unit;
+    const int kb0 = w.kb0, kb1 = w.kb1, kv_len = unit.kv_len;
+    const int* bt_row = p.block_tables + (long long)unit.b * p.block_table_stride;
+
+    // The warpgroup's first two blocks, one per stage.
+    if (tw < 32)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int kb = kb0 + wg + 2 * j;
+        if (kb < kb1) {
+          const int st = 2 * wg + ((loads + j) & 1);
+          issue_kv_fp8(p, smem_u32(ss.kv[st]), smem_u32(&ss.bar[st][0]), kb, block_pages(p, bt_row, kb, kv_len));
+        }
+      }
+    __syncwarp();  // warp 0 converged again before the shuffles of the Q load
+    load_q_rows_f16<kN>(&ss.q[0][0], ss.qexp, p, unit.q_row_base, unit.rows);
+    fence_proxy_async_smem();
+    __syncthreads();
+
+    // This thread's columns (Q rows) c = 8t + 2 q4 + e: KV limits, score scales, running max, sums.
+    int lim[kT][2];
+    float sl[kT][2], m_run[kT][2], l_run[kT][2];
+#pragma unroll
+    for (int t = 0; t < kT; ++t)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int c = 8 * t + 2 * q4 + e;
+        lim[t][e] = unit_row_limit(p, unit, c);
+        sl[t][e] = scale_log2 * exp2_int(ss.qexp[c]);
+        m_run[t][e] = kMaxInit;
+        l_run[t][e] = 0.f;
+      }
+    float acc[8][kAcc];  // O^T: tile i holds, in row r of this thread's slice, V column v_column(i, r)
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+#pragma unroll
+      for (int j = 0; j < kAcc; ++j) acc[i][j] = 0.f;
+
+    for (int kb = kb0 + wg; kb < kb1; kb += 2, ++loads) {
+      const int stage_id = 2 * wg + (loads & 1);
+      const uint32_t par = (loads >> 1) & 1;
+      const uint8_t* kv = ss.kv[stage_id];
+      const uint32_t bars = smem_u32(&ss.bar[stage_id][0]);
+      const bool refill = kb + 4 < kb1;
+      const int refill_page = tw < 32 && refill ? block_pages(p, bt_row, kb + 4, kv_len) : p.num_pages;
+
+      // ---- S^T = K Q^T: per box, this thread's two token rows (16 bytes each: 4 k-steps) ----
+      // One commit group per box; a box's A registers are rewritten two boxes later, after
+      // wgmma_wait<1> has retired its group.
+      // The k-steps alternate over kChains accumulators, summed at the end: wgmmas into one
+      // accumulator run one after another, so a single chain of 36 would set the pace.
+      float stc[kChains][kAcc];
+#pragma unroll
+      for (int b = 0; b < kNumBoxesQK; ++b) {
+        kv_wait(bars + 8 * b, par, kSiteQkBox);
+        const uint4 ka = *reinterpret_cast<const uint4*>(kv + b * kFp8BoxBytes + r_a * kBoxCols + 16 * q4);
+        const uint4 kc = *reinterpret_cast<const uint4*>(kv + b * kFp8BoxBytes + r_b * kBoxCols + 16 * q4);
+        if (b >= 2) wgmma_wait<1>();
+        uint32_t a[4][4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          e4m3x4_to_f16x4(word(ka, u), a[u][0], a[u][2]);
+          e4m3x4_to_f16x4(word(kc, u), a[u][1], a[u][3]);
+        }
+        wgmma_fence();  // the A registers are written before the wgmmas read them
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          const int ks = 4 * b + u;
+          WgmmaRsF16<kN>::mma(stc[ks % kChains], a[u], make_smem_desc(sQ + b * kN * 128 + u * 32, 16, 1024),
+                              ks < kChains ? 0 : 1);
+        }
+        wgmma_commit();
+      }
+      wgmma_wait<0>();
+      float st[kAcc];
+#pragma unroll
+      for (int c = 0; c < kChains; ++c) fence_regs(stc[c]);
+#pragma unroll
+      for (int j = 0; j < kAcc; ++j) {
+        st[j] = stc[0][j];
+#pragma unroll
+        for (int c = 1; c < kChains; ++c) st[j] += stc[c][j];
+      }
+
+      // ---- mask, scale to log2, column maxima over the block's 64 tokens --------------------
+      const int tok_a = kb * kBlockN + r_a, tok_b = kb * kBlockN + r_b;
+      float cm[kT][2];
+#pragma unroll
+      for (int t = 0; t < kT; ++t)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float& xa = st[4 * t + e];
+          float& xb = st[4 * t + 2 + e];
+          xa = tok_a < lim[t][e] ? xa * sl[t][e] : -INFINITY;
+          xb = tok_b < lim[t][e] ? xb * sl[t][e] : -INFINITY;
+          float v = fmaxf(xa, xb);
+          v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 4));
+          v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 8));
+          v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 16));
+          cm[t][e] = v;
+        }
+      if (lane < 4)
+#pragma unroll
+        for (int t = 0; t < kT; ++t)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) ss.colmax[wg][warp][8 * t + 2 * q4 + e] = cm[t][e];
+      wg_barrier(wg);
+
+      // ---- running max, P = 2^(s - m) into sP as (rows, token positions) f16, O^T rescaled ----
+      float sc[kT][2];
+      bool grew = false;
+      const int pa_pos = p_position(r_a), pb_pos = p_position(r_b);
+#pragma unroll
+      for (int t = 0; t < kT; ++t)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int c = 8 * t + 2 * q4 + e;
+          const float bm = fmaxf(fmaxf(ss.colmax[wg][0][c], ss.colmax[wg][1][c]),
+                                 fmaxf(ss.colmax[wg][2][c], ss.colmax[wg][3][c]));
+          const float mn = fmaxf(m_run[t][e], bm);
+          sc[t][e] = exp2_approx(m_run[t][e] - mn);
+          grew |= sc[t][e] != 1.f;
+          m_run[t][e] = mn;
+          const float pa = exp2_approx(st[4 * t + e] - mn), pb = exp2_approx(st[4 * t + 2 + e] - mn);
+          l_run[t][e] = l_run[t][e] * sc[t][e] + pa + pb;
+          *reinterpret_cast<__half*>(ss.p[wg] + swizzled(c, pa_pos >> 3) + 2 * (pa_pos & 7)) = __float2half_rn(pa);
+          *reinterpret_cast<__half*>(ss.p[wg] + swizzled(c, pb_pos >> 3) + 2 * (pb_pos & 7)) = __float2half_rn(pb);
+        }
+      if (__any_sync(0xffffffffu, grew)) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+#pragma unroll
+          for (int t = 0; t < kT; ++t)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[i][4 * t + e] *= sc[t][e & 1];
+      }
+      fence_proxy_async_smem();
+      wg_barrier(wg);  // sP complete; colmax read by every warp
+
+      // ---- O^T += V^T P^T: per k-step, 16 V columns x 4 tokens per thread, byte-transposed -----
+      // Token rows past kv_len hold anything (NaN included) and P = 0 does not cancel 0 * NaN:
+      // they are zeroed in registers. kG commit groups per k-step (8 / kG tiles each), at most two
+      // in flight, so a group's A registers are free when they are rewritten (kN 32: smaller
+      // groups, as its accumulators leave fewer registers).
+      constexpr int kG = 2, kTiles = 8 / kG;
+      const bool tail = (kb + 1) * kBlockN > kv_len;
+      const uint8_t* vcol = kv + (2 * warp + (r8 >> 2)) * kFp8BoxBytes + 16 * (r8 & 3);
+#pragma unroll
+      for (int s = 0; s < 4; ++s) {
+        uint4 vt[4];  // token 16 s + q4 + 4 jj, V columns 16 (8 warp + r8) + [0, 16)
+#pragma unroll
+        for (int jj = 0; jj < 4; ++jj) {
+          const int t = 16 * s + q4 + 4 * jj;
+          vt[jj] = *reinterpret_cast<const uint4*>(vcol + t * kBoxCols);
+          if (tail && kb * kBlockN + t >= kv_len) vt[jj] = make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int g = 0; g < kG; ++g) {
+          if (kG * s + g >= 2) wgmma_wait<1>();
+          uint32_t a[kTiles][4];  // tiles kTiles g ..
+#pragma unroll
+          for (int x = 0; x < kTiles / 2; ++x) {  // word wd: tiles 2 wd and 2 wd + 1
+            const int wd = kTiles / 2 * g + x;
+            const uint32_t w0 = word(vt[0], wd), w1 = word(vt[1], wd), w2 = word(vt[2], wd), w3 = word(vt[3], wd);
+            // prmt 0x5140: bytes (w0.0, w1.0, w0.1, w1.1): the tile's column pair for tokens jj 0, 1;
+            // 0x7362: bytes 2 and 3, the next tile's.
+            e4m3x4_to_f16x4(prmt(w0, w1, 0x5140), a[2 * x][0], a[2 * x][1]);
+            e4m3x4_to_f16x4(prmt(w0, w1, 0x7362), a[2 * x + 1][0], a[2 * x + 1][1]);
+            e4m3x4_to_f16x4(prmt(w2, w3, 0x5140), a[2 * x][2], a[2 * x][3]);
+            e4m3x4_to_f16x4(prmt(w2, w3, 0x7362), a[2 * x + 1][2], a[2 * x + 1][3]);
+          }
+          wgmma_fence();
+          const uint64_t db = make_smem_desc(sP + s * 32, 16, 1024);
+#pragma unroll
+          for (int i = 0; i < kTiles; ++i) WgmmaRsF16<kN>::mma(acc[kTiles * g + i], a[i], db, 1);
+          wgmma_commit();
+        }
+      }
+      // Every thread's loads of this stage are done: block kb + 4 may land in it.
+      wg_barrier(wg);
+      if (tw < 32 && refill) issue_kv_fp8(p, smem_u32(kv), bars, kb + 4, refill_page);
+      wgmma_wait<0>();
+#pragma unroll
+      for (int i = 0; i < 8; ++i) fence_regs(acc[i]);
+    }
+
+    // ---- epilogue: each warpgroup's sums, max and O to shared memory, merged per row ----------
+    // Sums over the 8 row lanes (xor 4, 8, 16) and the 4 warps.
+#pragma unroll
+    for (int t = 0; t < kT; ++t)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float v = l_run[t][e];
+        v += __shfl_xor_sync(0xffffffffu, v, 4);
+        v += __shfl_xor_sync(0xffffffffu, v, 8);
+        v += __shfl_xor_sync(0xffffffffu, v, 16);
+        l_run[t][e] = v;
+      }
+    wg_barrier(wg);  // every warp is past its last colmax read
+    if (lane < 4)
+#pragma unroll
+      for (int t = 0; t < kT; ++t)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int c = 8 * t + 2 * q4 + e;
+          ss.colmax[wg][warp][c] = l_run[t][e];
+          if (warp == 0) ss.m[wg][c] = m_run[t][e];
+        }
+    // O^T of this warpgroup -> its two stages as (kN rows, 512) fp32, rows kMergeStride apart, in
+    // true V column order: its loads are all consumed.
+    float* ob = reinterpret_cast<float*>(ss.kv[2 * wg]);
+    const int v0 = 16 * (8 * warp + r8);
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+#pragma unroll
+      for (int t = 0; t < kT; ++t)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int c = 8 * t + 2 * q4 + (e & 1), v = v0 + 2 * i + (e >> 1);
+          ob[c * kMergeStride + v] = acc[i][4 * t + e];
+        }
+    wg_barrier(wg);
+    if (tw < kN)
+      ss.l[wg][tw] = ss.colmax[wg][0][tw] + ss.colmax[wg][1][tw] + ss.colmax[wg][2][tw] + ss.colmax[wg][3][tw];
+    __syncthreads();
+
+    // The 64-row epilogue's layout: rows r_a, r_b (Q rows here), this warpgroup's 256 columns.
+    const float* ob0 = reinterpret_cast<const float*>(ss.kv[0]);
+    const float* ob1 = reinterpret_cast<const float*>(ss.kv[2]);
+    float o[128];
+    float mrow[2] = {kMaxInit, kMaxInit}, tot[2] = {0.f, 0.f};
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = h == 0 ? r_a : r_b;
+      float f0 = 0.f, f1 = 0.f;
+      if (r < kN) {
+        const float m0 = ss.m[0][r], m1 = ss.m[1][r], mx = fmaxf(m0, m1);
+        f0 = exp2_approx(m0 - mx);
+        f1 = exp2_approx(m1 - mx);
+        mrow[h] = mx;
+        tot[h] = ss.l[0][r] * f0 + ss.l[1][r] * f1;
+      }
+#pragma unroll
+      for (int t = 0; t < kOCols / 8; ++t) {
+        const int col = wg * kOCols + 8 * t + 2 * q4;
+        float2 v = make_float2(0.f, 0.f);
+        if (r < kN) {
+          const float2 a = *reinterpret_cast<const float2*>(ob0 + r * kMergeStride + col);
+          const float2 b = *reinterpret_cast<const float2*>(ob1 + r * kMergeStride + col);
+          v = make_float2(a.x * f0 + b.x * f1, a.y * f0 + b.y * f1);
+        }
+        o[4 * t + 2 * h + 0] = v.x;
+        o[4 * t + 2 * h + 1] = v.y;
+      }
+    }
+    store_unit_result(p, w, partial_slot(p, cr.set, grp, cr.lane_m), wg, r_a, r_b, q4, o, mrow[0], mrow[1],
+                      tot[0], tot[1], bmm2);
+    // The next unit reuses the stages (they hold the merge buffers; its TMA writes must come
+    // after these generic-proxy reads), Q, qexp, colmax, m and l.
+    fence_proxy_async_smem();
+    __syncthreads();
+  }
+}
+
+}  // namespace jit_mla::sm90
