@@ -118,39 +118,41 @@ __device__ __forceinline__ int p_position(int t) {
 // 2^e as a float, e in [-126, 127].
 __device__ __forceinline__ float exp2_int(int e) { return __int_as_float((127 + e) << 23); }
 
-// Q rows [row_base, row_base + rows) -> sQ as f16, permuted, each row scaled by 2^-e_c (e_c into
-// qexp); rows past `rows` zero. Thread tid < 8 kN: row tid / 8, 16-byte chunks tid % 8 + 8 k.
+// Q rows [row_base, row_base + rows) -> sQ as f16, permuted, row c scaled by 2^-e_c; rows past
+// `rows` zero. Each warpgroup finds e_c of every row itself (into its own qexp row, read only by
+// its own threads) and stores half of the rows: thread tw takes row tw / kP, 16-byte chunks
+// tw % kP + kP k.
 template <int kN>
 __device__ __forceinline__ void load_q_rows_f16(uint8_t* sQ, int* qexp, const MlaParams& p, long long row_base,
-                                                int rows) {
-  const int c = threadIdx.x >> 3, part = threadIdx.x & 7;
-  if (c >= kN) return;  // warp-uniform: 8 rows per warp
+                                                int rows, int wg) {
+  constexpr int kP = 128 / kN, kChunks = kHeadDimQK / 8 / kP;  // threads per row, chunks per thread
+  const int tw = threadIdx.x & 127, c = tw / kP, part = tw % kP;
   const bool valid = c < rows;
   const uint4* src = reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(p.q) +
                                                     (valid ? (row_base + c) * kHeadDimQK : 0));
-  uint4 v[9];
+  uint4 v[kChunks];
   uint32_t amax = 0;  // the largest |q| of this thread's chunks, as float bits (ordered as integers)
 #pragma unroll
-  for (int k = 0; k < 9; ++k) {
-    v[k] = valid ? __ldg(src + part + 8 * k) : make_uint4(0, 0, 0, 0);
+  for (int k = 0; k < kChunks; ++k) {
+    v[k] = valid ? __ldg(src + part + kP * k) : make_uint4(0, 0, 0, 0);
 #pragma unroll
     for (int w = 0; w < 4; ++w) {
       const uint32_t x = word(v[k], w);
       amax = max(amax, max((x & 0x7fffu) << 16, x & 0x7fff0000u));
     }
   }
-  amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-  amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
-  amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, 4));
+#pragma unroll
+  for (int m = 1; m < kP; m *= 2) amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, m));
   // e = floor(log2 max|q|) - 15: the largest lands in [2^15, 2^16). Clamped so that 2^e and 2^-e
   // are normal floats (an all-zero row: any e; inf or NaN stay what they are).
   const int e = min(max((int)(amax >> 23) - 127 - 15, -100), 100);
   if (part == 0) qexp[c] = e;
+  if (c / (kN / 2) != wg) return;  // the other warpgroup stores this row (warp-uniform)
   const float down = exp2_int(-e);
 #pragma unroll
-  for (int k = 0; k < 9; ++k) {
-    // Chunk part + 8 k: columns 8 (part + 8 k) + [0, 8) = box b, in-box columns j0 .. j0 + 7.
-    const int col = 8 * (part + 8 * k), b = col >> 6, j0 = col & 63;
+  for (int k = 0; k < kChunks; ++k) {
+    // Chunk part + kP k: columns 8 (part + kP k) + [0, 8) = box b, in-box columns j0 .. j0 + 7.
+    const int col = 8 * (part + kP * k), b = col >> 6, j0 = col & 63;
     uint8_t* box = sQ + b * kN * 128;
 #pragma unroll
     for (int w = 0; w < 4; ++w) {
@@ -226,8 +228,7 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
           issue_kv_fp8(p, smem_u32(ss.kv[st]), smem_u32(&ss.bar[st][0]), kb, block_pages(p, bt_row, kb, kv_len));
         }
       }
-    __syncwarp();  // warp 0 converged again before the shuffles of the Q load
-    load_q_rows_f16<kN>(&ss.q[0][0], ss.qexp, p, unit.q_row_base, unit.rows);
+    load_q_rows_f16<kN>(&ss.q[0][0], ss.qexp[wg], p, unit.q_row_base, unit.rows, wg);
     fence_proxy_async_smem();
     __syncthreads();
 
@@ -240,7 +241,7 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
       for (int e = 0; e < 2; ++e) {
         const int c = 8 * t + 2 * q4 + e;
         lim[t][e] = unit_row_limit(p, unit, c);
-        sl[t][e] = scale_log2 * exp2_int(ss.qexp[c]);
+        sl[t][e] = scale_log2 * exp2_int(ss.qexp[wg][c]);
         m_run[t][e] = kMaxInit;
         l_run[t][e] = 0.f;
       }

@@ -68,7 +68,7 @@ struct NarrowFp8Smem {
   float colmax[2][4][kN];            // per warpgroup and warp: a block's column maxima / sums
   float m[2][kN];                    // end of a unit: each warpgroup's running max per row
   float l[2][kN];                    // and its softmax sums
-  int qexp[kN];                      // Q row c was stored as q * 2^-qexp[c] (f16 range)
+  int qexp[2][kN];                   // Q row c was stored as q * 2^-qexp[w][c] (f16 range), per warpgroup
   uint64_t bar[4][kNumBoxesQK];      // TMA mbarriers: [stage][box]
 };
 template <int kN>
