@@ -3,7 +3,7 @@
 Here (needs nvcc, no GPU), once per variant: a copy of HEAD with the patches applied and its
 cubins built, under .ab/<name>/ (git-ignored: name `.ab` in the device tool's `carry`):
 
-    python benchmarks/ab.py prepare plan-lite docs/experiments/plan-lite.patch
+    python benchmarks/ab.py prepare NAME docs/experiments/NAME.patch
 
 On the H200 (after `source .gpu-wheels/activate.sh`), main (this checkout) and each variant in
 turn, `--rounds` times, with `bench_mla.py --quick --no-flashinfer --assume-ceilings`; then a
@@ -11,7 +11,7 @@ table of the medians per shape and the ratio variant / main (< 1: the variant is
 `--suite` first runs the GPU test suite on each variant (a variant that fails is reported and
 not timed):
 
-    python3 benchmarks/ab.py run --shapes 0,4,8,9 --rounds 2 [--suite] plan-lite
+    python3 benchmarks/ab.py run --shapes 0,4,8,9 --rounds 2 [--suite] NAME
 
 Two runs of the same code on one instance agree to ~0.5%; runs on different instances do not
 compare (the card's clocks and the host differ): only same-run ratios mean something.

@@ -20,7 +20,7 @@ class UniformCall:
     """Inputs of one uniform decode call: B requests of kv tokens on random distinct pages."""
 
     q: torch.Tensor      # [B, q_len, H, 576] bf16
-    cache: torch.Tensor  # [B * pages, page, 576] bf16
+    cache: torch.Tensor  # [B * pages, page, 576] bf16 or float8_e4m3fn
     table: torch.Tensor  # [B, pages] int32, a permutation of the pool
     seq: torch.Tensor    # [B] int32, all kv
     ws: torch.Tensor     # workspace bytes
@@ -32,11 +32,14 @@ class UniformCall:
             self.kv, bmm1_scale=SM_SCALE, **kw)
 
 
-def uniform_call(b: int, q_len: int, h: int, kv: int, page: int = 64, dev: str = "cuda") -> UniformCall:
+def uniform_call(b: int, q_len: int, h: int, kv: int, page: int = 64, dev: str = "cuda",
+                 fp8: bool = False) -> UniformCall:
+    """fp8: the cache in float8_e4m3fn (the same random values, rounded), as issue 5's kernels read it."""
     pages = (kv + page - 1) // page
+    cache = torch.randn(b * pages, page, 576, device=dev)
     return UniformCall(
         q=torch.randn(b, q_len, h, 576, device=dev).to(torch.bfloat16),
-        cache=torch.randn(b * pages, page, 576, device=dev).to(torch.bfloat16),
+        cache=cache.to(torch.float8_e4m3fn if fp8 else torch.bfloat16),
         table=torch.randperm(b * pages, device=dev, dtype=torch.int32).view(b, pages),
         seq=torch.full((b,), kv, dtype=torch.int32, device=dev),
         ws=torch.empty(jit_mla.get_workspace_size(b, h, q_len), dtype=torch.uint8, device=dev),
@@ -49,9 +52,10 @@ def main() -> None:
     ap.add_argument("--shape", default="128,1,128,4096", help="B,Q_LEN,H,KV_LEN")
     ap.add_argument("--page", type=int, default=64)
     ap.add_argument("--calls", type=int, default=2)
+    ap.add_argument("--fp8", action="store_true", help="a float8_e4m3fn KV cache")
     args = ap.parse_args()
     b, q_len, h, kv = (int(x) for x in args.shape.split(","))
-    call = uniform_call(b, q_len, h, kv, args.page)
+    call = uniform_call(b, q_len, h, kv, args.page, fp8=args.fp8)
     for _ in range(args.calls):
         call.run()
     torch.cuda.synchronize()

@@ -210,7 +210,7 @@ struct Kernels {
   // attention_any_page: cp.async loads, any page size (1 included). Both merge their splits
   // themselves (common/combine.cuh): one launch per call.
   // attention_narrow16/32: TMA pages, transposed tiles for units of at most 16/32 rows; their
-  // _fp8 twins read a float8_e4m3fn cache (converted to bf16 in shared memory).
+  // _fp8 twins read a float8_e4m3fn cache (kept fp8 in shared memory, converted in registers).
   cudaKernel_t attention = nullptr, attention_any_page = nullptr;
   cudaKernel_t attention_narrow16 = nullptr, attention_narrow32 = nullptr;
   cudaKernel_t attention_narrow16_fp8 = nullptr, attention_narrow32_fp8 = nullptr;
