@@ -137,8 +137,9 @@ def test_matrix(B, q_len, H, page, kind, ragged, extra):
 
 
 # fp8 e4m3 KV cache with a bf16 query, on the narrow kernel's shapes (uniform, q_len * H <= 32, a
-# TMA page size). The kernel converts e4m3 to bf16 exactly, so the reference on the upcast cache
-# and the bf16 tolerance hold as they are. (B, q_len, H, page, kv kind, extras)
+# TMA page size). The kernel converts e4m3 to f16 exactly and keeps Q in f16 scaled per row by a
+# power of 2 (exact for every element within 2^30 of its row's largest), P in f16 (finer than
+# bf16), so the reference on the upcast cache and the bf16 tolerance hold as they are. (B, q_len, H, page, kv kind, extras)
 FP8_MATRIX = [
     (1, 1, 16, 64, "long", {}),
     (64, 1, 16, 64, "mixed", {"tensor_scales": True}),
@@ -163,6 +164,19 @@ def test_fp8_kv_cache(B, q_len, H, page, kind, extra):
     sinks, bmm2 = extra.get("sinks", False), extra.get("bmm2", 1.0)
     out, lse = _run(case, sinks=sinks, tensor_scales=extra.get("tensor_scales", False), bmm2=bmm2)
     _check(case, out, lse, sinks=sinks, bmm2=bmm2, label=f"fp8 B{B} q{q_len} H{H} p{page} {kind} {extra}")
+
+
+# Query rows far outside f16's range (|q| up to ~2^19, or ~2^-18), bmm1_scale scaled back by the
+# same power of 2, so the logits are those of N(0, 1) data: a kernel that put Q in f16 without
+# its per-row exponent would overflow to inf, or lose the small rows' digits.
+@pytest.mark.parametrize("q_scale", [2.0**17, 2.0**-20])
+def test_fp8_query_rows_outside_f16_range(q_scale):
+    case = make_case(8, 1, 16, 64, [1000, 77, 64, 4096, 1, 300, 2048, 513], dtype=torch.float8_e4m3fn,
+                     device=DEV, seed=11)
+    case.query = (case.query.float() * q_scale).to(torch.bfloat16)  # exact: a power of 2
+    case.bmm1_scale = SM_SCALE / q_scale
+    out, lse = _run(case)
+    _check(case, out, lse, label=f"fp8 q x {q_scale:g}")
 
 
 def test_fp8_kv_cache_other_shapes_are_refused():
