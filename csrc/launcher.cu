@@ -369,7 +369,7 @@ std::vector<TmapEntry> g_tmaps;
 constexpr size_t kMaxTmaps = 128;
 
 // bf16: boxes of (rows, 64) land 128-byte swizzled, as the wgmma reads them. fp8 (e4m3 as bytes):
-// boxes of (rows, 64) bytes land unswizzled, rows 64 bytes apart, for the in-place conversion.
+// boxes of (rows, 64) bytes land unswizzled, rows 64 bytes apart, as the fp8 kernel loads them.
 CUtensorMap kv_tensor_map(const void* ptr, int64_t pages, int64_t page_size, int64_t row_stride,
                           int64_t page_stride, bool fp8) {
   std::lock_guard<std::mutex> lock(g_tmap_mutex);

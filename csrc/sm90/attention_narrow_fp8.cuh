@@ -4,7 +4,8 @@
 //   S^T = K Q^T     A = K: each thread loads its rows' e4m3 bytes and converts them to f16 (exact:
 //                   f16 holds every e4m3 value); B = Q in f16
 //   O^T += V^T P^T  A = V^T: each thread loads 16 V columns of 4 tokens and transposes the bytes
-//                   (prmt) into fragments; B = P in f16 (P in [0, 1]: f16 is finer than bf16)
+//                   (prmt) into fragments; B = P in f16 (P in [0, 1]: finer than bf16 down to
+//                   2^-14, coarser below: docs/notes-fp8.md §8)
 // Against converting each block to bf16 in shared memory, this halves the shared-memory traffic
 // per block (no bf16 tile written and re-read by the wgmmas) and the stage size, so each
 // warpgroup keeps two blocks in flight (smem_size.h, NarrowFp8Smem).
@@ -20,11 +21,13 @@
 //     hit 8 distinct 16-byte bank groups). P is stored with the same permutation (p_position).
 // and the M dimension of PV (V columns) too, undone when O is written: thread (warp w, row r =
 // lane / 4) loads V columns 16 (8 w + r) + [0, 16); column 16 (8 w + r) + 2 i + h is row r + 8 h of
-// its slice of tile i (v_column).
+// its slice of tile i (the epilogue's vcol).
 //
 // Q in f16: row c is stored as q * 2^-e_c with e_c from the row's largest |q| (the largest then
 // lands in [2^15, 2^16), below f16's 65504 for any bf16 value), and 2^e_c goes into that row's
-// score scale. So no q overflows f16, and small rows keep their precision.
+// score scale. e_c is clamped to [-100, 100], so this holds for rows whose largest |q| lies in
+// [2^-85, 2^116): a larger one overflows to inf in f16, a smaller one loses digits (neither occurs
+// in a model's query; widening the clamp to +-126 is prepared in docs/experiments).
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -245,7 +248,8 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
         m_run[t][e] = kMaxInit;
         l_run[t][e] = 0.f;
       }
-    float acc[8][kAcc];  // O^T: tile i holds, in row r of this thread's slice, V column v_column(i, r)
+    float acc[8][kAcc];  // O^T: tile i, rows r_a / r_b of this thread's slice: V columns
+                         // 16 (8 warp + r8) + 2 i + 0 / 1
 #pragma unroll
     for (int i = 0; i < 8; ++i)
 #pragma unroll
@@ -355,8 +359,8 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
       // ---- O^T += V^T P^T: per k-step, 16 V columns x 4 tokens per thread, byte-transposed -----
       // Token rows past kv_len hold anything (NaN included) and P = 0 does not cancel 0 * NaN:
       // they are zeroed in registers. kG commit groups per k-step (8 / kG tiles each), at most two
-      // in flight, so a group's A registers are free when they are rewritten (kN 32: smaller
-      // groups, as its accumulators leave fewer registers).
+      // in flight, so a group's A registers are free when they are rewritten (kN 32 with four
+      // groups of two tiles spilled more: 56 -> 120 bytes).
       constexpr int kG = 2, kTiles = 8 / kG;
       const bool tail = (kb + 1) * kBlockN > kv_len;
       const uint8_t* vcol = kv + (2 * warp + (r8 >> 2)) * kFp8BoxBytes + 16 * (r8 & 3);

@@ -62,7 +62,7 @@ constexpr int kFp8BoxBytes = kBlockN * kBoxCols;               // 4 KiB
 constexpr int kFp8TileBytes = kNumBoxesQK * kFp8BoxBytes;      // 36 KiB
 template <int kN>
 struct NarrowFp8Smem {
-  uint8_t kv[4][kFp8TileBytes];      // stage 2w + j: warpgroup w's blocks kb0 + w + 2 (2i + j)
+  uint8_t kv[4][kFp8TileBytes];      // stages 2w, 2w + 1: warpgroup w's blocks, alternating
   uint8_t q[kNumBoxesQK][kN * 128];  // Q rows (kN, 576) f16, 9 swizzled boxes of (kN, 64), permuted
   uint8_t p[2][kN * 128];            // warpgroup w's P: (kN rows, 64 tokens) f16, swizzled, permuted
   float colmax[2][4][kN];            // per warpgroup and warp: a block's column maxima / sums
@@ -78,7 +78,9 @@ constexpr int narrow_fp8_smem_bytes() {
 static_assert(narrow_fp8_smem_bytes<32>() + 128 <= 227 * 1024, "shared memory over the sm_90 per-block limit");
 
 // The end of a unit merges the two warpgroups' O (kN rows, 512) fp32, each in its own stage, rows
-// kMergeStride floats apart (8 more than 512: the float2 reads of 8 rows then hit 8 bank groups).
+// kMergeStride floats apart (8 more than 512: the float2 reads of 8 rows then hit 8 bank groups;
+// the fp8 kernel's stores, 16 V columns apart per lane, hit 2 banks: a swizzle is prepared in
+// docs/experiments).
 constexpr int kMergeStride = kHeadDimV + 8;
 static_assert(32 * kMergeStride * 4 <= kTileBytes, "a warpgroup's O fits in its stage");
 static_assert(32 * kMergeStride * 4 <= 2 * kFp8TileBytes, "a warpgroup's O fits in its two fp8 stages");
