@@ -40,7 +40,9 @@ _TL = re.compile(r"jit_mla-tl wg=(\d+) i=(\d+) ev=(\d+) t=(\d+)")
 # TimelineEvent (csrc/common/probe.h), in its order.
 TL_EVENTS = ("pair start", "max published", "exps done", "own PV issued", "own PV done", "scale in",
              "P0' stored", "V landed", "other P in", "other PV issued", "QK 0-3 issued",
-             "other PV done", "QK issued", "QK done", "V_L refill issued")
+             "other PV done", "QK issued", "QK done", "V_L refill issued",
+             # the narrow kernels, per warpgroup block
+             "N block start", "N QK done", "N max shared", "N P shared", "N PV issued", "N PV done")
 SITES = ("qk box", "v box", "hand-off", "wgmma", "loop", "prologue", "epilogue", "pairs")
 _MARK = b"--jit_mla-trace-call--\n"
 MARKS = ("entry", "ready", "planned", "attended", "synced", "done")
@@ -163,9 +165,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", default="8,1,128,4096", help="B,Q_LEN,H,KV_LEN")
     ap.add_argument("--json", default=None, help="also write the records and the summary here")
+    ap.add_argument("--fp8", action="store_true", help="a float8_e4m3fn KV cache (the fp8 narrow kernel)")
     args = ap.parse_args()
     b, q_len, h, kv = (int(x) for x in args.shape.split(","))
-    data = uniform_call(b, q_len, h, kv)
+    data = uniform_call(b, q_len, h, kv, fp8=args.fp8)
     text = traced_output(data.run)
     rows, waits, timeline = parse(text), parse_waits(text), parse_timeline(text)
     if not rows:  # the wait or timeline probe alone (bit 4 or 5 without bit 3)

@@ -456,3 +456,32 @@ def test_ptxas_serialized_wgmma_fails_the_build():
     )
     with pytest.raises(CubinError, match=r"C7520.*\n.*mla_sm90_attention"):
         cubins.check_ptxas_output(text)
+
+
+_C7510 = (
+    "ptxas info    : (C7510) Potential Performance Loss: wgmma.mma_async instructions are "
+    "serialized due to wgmma pipeline crossing function boundary at a function call in the "
+    "function 'mla_sm90_attention_narrow16'\n"
+)
+
+
+def test_ptxas_call_serialized_wgmma_fails_a_shipped_build_not_a_printf_probe(caplog):
+    # C7510 (a call while wgmmas are in flight) is refused like C7520 ...
+    with pytest.raises(CubinError, match=r"C7510"):
+        cubins.check_ptxas_output(_C7510)
+    with pytest.raises(CubinError, match=r"C7510"):
+        cubins.check_ptxas_output(_C7510, probe=1)  # the no-loads probe has no printf
+    # ... except in a probe build that printfs from the kernels (JIT_MLA_PROBE bits 3-5): a warning.
+    with caplog.at_level("WARNING", logger=cubins.logger.name):
+        cubins.check_ptxas_output(_C7510, probe=32)
+    assert "inflated" in caplog.text
+    with pytest.raises(CubinError, match=r"C7520"):  # C7520 is never let through
+        cubins.check_ptxas_output(_C7510 + _C7510.replace("C7510", "C7520"), probe=8)
+
+
+def test_probe_bits_reads_probe_h(tmp_path):
+    assert cubins.probe_bits() == 0  # the shipped sources
+    (tmp_path / "common").mkdir()
+    (tmp_path / "common" / "probe.h").write_text("#ifndef JIT_MLA_PROBE\n#define JIT_MLA_PROBE 24\n#endif\n")
+    assert cubins.probe_bits(tmp_path) == 24
+    assert cubins.probe_bits(tmp_path / "missing") == 0

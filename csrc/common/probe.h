@@ -89,6 +89,14 @@ enum TimelineEvent : int {
   kTlQkIssued,       // all QK^T boxes of the next block issued (WG1: qk_block returned)
   kTlQkDone,         // QK^T of the next block complete
   kTlLoadsIssued,    // WG0: V_L(b+2) refill issued (after its own PV)
+  // The narrow kernels (attention_narrow.cuh, attention_narrow_fp8.cuh): per warpgroup and block
+  // ("pairs" is the warpgroup's block count there).
+  kTlNBlockStart,    // top of a block
+  kTlNQkDone,        // S^T complete (all boxes waited for, converted, multiplied)
+  kTlNMaxShared,     // past the column-max barrier
+  kTlNPShared,       // past the P barrier: PV may start
+  kTlNPvIssued,      // PV's wgmmas issued (fp8: its loads done, refill issued)
+  kTlNPvDone,        // PV complete
   kNumTlEvents,
 };
 

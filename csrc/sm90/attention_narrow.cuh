@@ -134,6 +134,7 @@ __device__ void attention_narrow(const MlaParams& p) {
       const uint32_t par = loads & 1;
       const bool next = kb + 2 < kb1;
       const int next_page = tw < 32 && next ? block_pages(p, bt_row, kb + 2, kv_len) : p.num_pages;
+      tl_mark(kTlNBlockStart, loads);
       // ---- S^T = K Q^T, box by box as they land -----------------------------------------
       float st[kAcc];
       wgmma_fence();
@@ -148,6 +149,7 @@ __device__ void attention_narrow(const MlaParams& p) {
       }
       wgmma_commit();
       wgmma_wait<0>();
+      tl_mark(kTlNQkDone, loads);
       fence_regs(st);
 
       // ---- mask, scale to log2, column maxima over the block's 64 tokens --------------------
@@ -173,6 +175,7 @@ __device__ void attention_narrow(const MlaParams& p) {
 #pragma unroll
           for (int e = 0; e < 2; ++e) ss.colmax[wg][warp][8 * t + 2 * q4 + e] = cm[t][e];
       wg_barrier(wg);
+      tl_mark(kTlNMaxShared, loads);
 
       // ---- running max, P = 2^(s - m) into sP as (rows, tokens), O^T rescaled ------------
       float sc[kT][2];
@@ -210,6 +213,7 @@ __device__ void attention_narrow(const MlaParams& p) {
         fence_proxy_async_smem();
         wg_barrier(wg);  // sP complete; colmax read by every warp
       }
+      tl_mark(kTlNPShared, loads);
 
       // ---- O^T += V^T P^T: 8 tiles of 64 V columns, 4 k-steps of 16 tokens -----------------
       // Two commit groups (V boxes 0-3, then 4-7): the first half of the stage is refilled as
@@ -225,9 +229,11 @@ __device__ void attention_narrow(const MlaParams& p) {
                                     make_smem_desc(sP + kk * 32, 16, 1024), 1);
         wgmma_commit();
       }
+      tl_mark(kTlNPvIssued, loads);
       wgmma_wait<1>();
       if (tw < 32 && next) issue_kv_half(p, stage, bars, kb + 2, 0, next_page, 0);
       wgmma_wait<0>();
+      tl_mark(kTlNPvDone, loads);
 #pragma unroll
       for (int i = 0; i < 8; ++i) fence_regs(acc[i]);
 

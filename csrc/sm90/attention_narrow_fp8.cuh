@@ -262,6 +262,7 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
       const uint32_t bars = smem_u32(&ss.bar[stage_id][0]);
       const bool refill = kb + 4 < kb1;
       const int refill_page = tw < 32 && refill ? block_pages(p, bt_row, kb + 4, kv_len) : p.num_pages;
+      tl_mark(kTlNBlockStart, loads);
 
       // ---- S^T = K Q^T: per box, this thread's two token rows (16 bytes each: 4 k-steps) ----
       // One commit group per box; a box's A registers are rewritten two boxes later, after
@@ -291,6 +292,7 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
         wgmma_commit();
       }
       wgmma_wait<0>();
+      tl_mark(kTlNQkDone, loads);
       float st[kAcc];
 #pragma unroll
       for (int c = 0; c < kChains; ++c) fence_regs(stc[c]);
@@ -324,6 +326,7 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
 #pragma unroll
           for (int e = 0; e < 2; ++e) ss.colmax[wg][warp][8 * t + 2 * q4 + e] = cm[t][e];
       wg_barrier(wg);
+      tl_mark(kTlNMaxShared, loads);
 
       // ---- running max, P = 2^(s - m) into sP as (rows, token positions) f16, O^T rescaled ----
       float sc[kT][2];
@@ -355,6 +358,7 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
       }
       fence_proxy_async_smem();
       wg_barrier(wg);  // sP complete; colmax read by every warp
+      tl_mark(kTlNPShared, loads);
 
       // ---- O^T += V^T P^T: per k-step, 16 V columns x 4 tokens per thread, byte-transposed -----
       // Token rows past kv_len hold anything (NaN included) and P = 0 does not cancel 0 * NaN:
@@ -398,7 +402,9 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
       // Every thread's loads of this stage are done: block kb + 4 may land in it.
       wg_barrier(wg);
       if (tw < 32 && refill) issue_kv_fp8(p, smem_u32(kv), bars, kb + 4, refill_page);
+      tl_mark(kTlNPvIssued, loads);
       wgmma_wait<0>();
+      tl_mark(kTlNPvDone, loads);
 #pragma unroll
       for (int i = 0; i < 8; ++i) fence_regs(acc[i]);
     }
