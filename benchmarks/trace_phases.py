@@ -5,8 +5,10 @@
     python benchmarks/trace_phases.py --shape 8,1,128,4096 [--json out.json]
     git checkout csrc/common/probe.h && python -m jit_mla build --cubins   # restore
 
-With bit 3 (8) of JIT_MLA_PROBE set, thread 0 of every CTA prints its %globaltimer marks (ns) at
-the end of the kernel (csrc/common/probe.h): entry, past the PDL wait, planned, attention done,
+With bit 3 (8) of JIT_MLA_PROBE set, thread 0 of every CTA records its %globaltimer marks (ns)
+at the end of the kernel into global memory (csrc/common/probe.h), printed after the call by the
+cubin's mla_probe_dump (the launcher's probe_dump; the attention kernels never printf, which made
+ptxas serialize their wgmmas, C7510, up to session 7): entry, past the PDL wait, planned, attention done,
 past the grid barrier (0 when nothing was split), merge done. With bit 4 (16), thread 0 of each
 seesaw warpgroup prints the cycles it spent waiting for QK^T's KV boxes, for V boxes, for the
 other warpgroup's hand-offs and for its own wgmma, and in its units' prologues, pair loops and
@@ -137,7 +139,11 @@ def summarize(rows: list[dict]) -> dict:
 
 
 def traced_output(call: Callable[[], None]) -> str:
-    """Runs call() twice with fd 1 redirected to a file; returns what the second run printed."""
+    """Runs call() twice with fd 1 redirected to a file, then the launcher's probe_dump (the
+    kernels record into global memory; mla_probe_dump prints the last launch's records); returns
+    what was printed after the second run."""
+    from jit_mla.launcher import get_launcher
+
     libc = ctypes.CDLL(None)
     torch.cuda.synchronize()
     libc.fflush(None)
@@ -152,6 +158,7 @@ def traced_output(call: Callable[[], None]) -> str:
             os.write(1, _MARK)
             call()
             torch.cuda.synchronize()
+            get_launcher().probe_dump()
             libc.fflush(None)
         finally:
             os.dup2(saved, 1)

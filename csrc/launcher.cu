@@ -255,6 +255,30 @@ bool cubin_loaded() {
   return g_kernels.library != nullptr;
 }
 
+// Probe builds only (csrc/common/probe.h, JIT_MLA_PROBE bits 3-5): runs the cubin's
+// mla_probe_dump (one thread) on the legacy stream and waits for it, so that the device printf
+// of the records the last attention launch left in global memory is flushed when this returns
+// (benchmarks/trace_phases.py reads it). A shipped cubin has no such kernel: RuntimeError.
+void probe_dump() {
+  cudaLibrary_t lib = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    lib = g_kernels.library;
+  }
+  MLA_CHECK(lib != nullptr, RuntimeError) << "probe_dump: no cubin loaded (call the attention first)";
+  cudaKernel_t kernel = nullptr;
+  const cudaError_t err = cudaLibraryGetKernel(&kernel, lib, "mla_probe_dump");
+  if (err != cudaSuccess) (void)cudaGetLastError();  // not sticky: clear it
+  MLA_CHECK(err == cudaSuccess, RuntimeError)
+      << "probe_dump: the loaded cubin has no mla_probe_dump kernel: it is not a probe build "
+         "(csrc/common/probe.h: JIT_MLA_PROBE with bit 3, 4 or 5)";
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(1);
+  cfg.blockDim = dim3(1);
+  MLA_CUDA_CHECK(cudaLaunchKernelExC(&cfg, reinterpret_cast<const void*>(kernel), nullptr), "launching mla_probe_dump");
+  MLA_CUDA_CHECK(cudaDeviceSynchronize(), "mla_probe_dump");
+}
+
 // The device's SM count, asked of the driver once per device (every call needs it).
 int64_t device_sm_count(int device) {
   static std::mutex mutex;
@@ -691,3 +715,4 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(mla_decode, mla_decode);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(workspace_size, workspace_size);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(load_cubin, load_cubin);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(cubin_loaded, cubin_loaded);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(probe_dump, probe_dump);

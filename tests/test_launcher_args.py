@@ -814,3 +814,10 @@ def test_api_none_block_tables_is_type_error(api_launcher):
     kw = api_args(block_tables=None)
     with pytest.raises(TypeError):
         run_api(**kw)
+
+
+def test_probe_dump_needs_a_probe_build(launcher):
+    # The shipped cubin has no mla_probe_dump (csrc/common/probe.h): a RuntimeError that says so,
+    # or, before any cubin is loaded (no GPU), one that says that.
+    with pytest.raises(RuntimeError, match="no cubin loaded|not a probe build"):
+        launcher.probe_dump()

@@ -2,11 +2,14 @@
 // has 0; their outputs are garbage, only times mean something): bit 0 drops every KV load of
 // the seesaw kernel (no TMA, no waits: the math runs on whatever the stages hold), bit 1 its
 // softmax arithmetic (mask, max, exps), bit 2 the combine phase (grid barrier and merge) of both
-// kernels, bit 3 prints each CTA's phase times (%globaltimer, ns) at its end, bit 4 prints the
+// kernels, bit 3 records each CTA's phase times (%globaltimer, ns) at its end, bit 4 the
 // cycles thread 0 of each seesaw warpgroup spent in each kind of wait (box loads for QK^T, V
-// loads, hand-offs, wgmma completion) and in each part of its units, bit 5 prints a clock64
-// timeline of one CTA's seesaw warpgroups over a few block pairs (TimelineEvent). Kernel code
-// only: the launcher does not include it.
+// loads, hand-offs, wgmma completion) and in each part of its units, bit 5 a clock64 timeline of
+// one CTA's warpgroups over a few block pairs (TimelineEvent). Bits 3-5 record into global
+// memory; the kernel mla_probe_dump (mla_sm90.cu, launched by the launcher's probe_dump) prints
+// them. The attention kernels themselves never printf: a call in a kernel makes ptxas serialize
+// its wgmmas (C7510; sessions 5 and 6 measured such builds). Kernel code only: the launcher does
+// not include it.
 #pragma once
 #include <cstdint>
 #include <cstdio>
@@ -17,6 +20,7 @@
 
 namespace jit_mla {
 constexpr int kProbe = JIT_MLA_PROBE;
+constexpr int kProbeMaxCtas = 1024;  // kMaxCtas (config.h): the records' CTA capacity
 
 // Phase marks of the trace probe, in the order a CTA passes them.
 enum TraceMark : int {
@@ -44,6 +48,8 @@ enum WaitSite : int {
 
 #if (JIT_MLA_PROBE & 16) != 0
 __shared__ unsigned long long s_probe_wait[2][kNumSites];
+__device__ unsigned long long g_probe_wait[kProbeMaxCtas][2][kNumSites];
+__device__ int g_probe_wait_ctas;
 
 __device__ __forceinline__ long long probe_clock() { return clock64(); }
 // Cycles since t0, filed under `site` by thread 0 of the calling warpgroup.
@@ -56,12 +62,11 @@ __device__ __forceinline__ void probe_count(int site) {
 __device__ __forceinline__ void probe_waits_reset() {
   if (threadIdx.x < 2 * kNumSites) s_probe_wait[threadIdx.x / kNumSites][threadIdx.x % kNumSites] = 0;
 }
-// Thread 0 of each warpgroup prints its sums, one line, parsed by benchmarks/trace_phases.py.
+// Thread 0 of each warpgroup stores its sums for mla_probe_dump.
 __device__ __forceinline__ void probe_waits_print() {
-  if ((threadIdx.x & 127) == 0) {
-    const unsigned long long* w = s_probe_wait[threadIdx.x >> 7];
-    printf("jit_mla-waits cta=%d wg=%d c=%llu,%llu,%llu,%llu,%llu,%llu,%llu,%llu\n", (int)blockIdx.x,
-           (int)(threadIdx.x >> 7), w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]);
+  if ((threadIdx.x & 127) == 0 && blockIdx.x < kProbeMaxCtas) {
+    for (int i = 0; i < kNumSites; ++i) g_probe_wait[blockIdx.x][threadIdx.x >> 7][i] = s_probe_wait[threadIdx.x >> 7][i];
+    if (threadIdx.x == 0 && blockIdx.x == 0) g_probe_wait_ctas = gridDim.x < kProbeMaxCtas ? gridDim.x : kProbeMaxCtas;
   }
 }
 #else
@@ -112,6 +117,9 @@ constexpr int kTlCta = 0, kTlPair0 = 8, kTlPairs = 3, kTlMax = 46;  // static sm
 __shared__ unsigned int s_tl[2][kTlMax];  // (clock lo 24 bits << 8) | event
 __shared__ int s_tl_n[2];
 __shared__ unsigned long long s_tl_start[2];  // clock64 and %globaltimer at kernel entry
+__device__ unsigned int g_tl[2][kTlMax];
+__device__ int g_tl_n[2];
+__device__ unsigned long long g_tl_clock[2];  // CTA kTlCta's cycles and ns over its life
 
 __device__ __forceinline__ void tl_reset() {
   if (threadIdx.x < 2) s_tl_n[threadIdx.x] = 0;
@@ -131,14 +139,17 @@ __device__ __forceinline__ void tl_mark(int ev, unsigned pairs) {
     }
   }
 }
+// CTA kTlCta's marks to global memory for mla_probe_dump; with the SM clock over the CTA's life
+// (cycles per ns), so the timeline converts to time.
 __device__ __forceinline__ void tl_print() {
   if ((threadIdx.x & 127) == 0 && blockIdx.x == kTlCta) {
     const int wg = threadIdx.x >> 7;
-    // The SM clock over the CTA's life: cycles per ns, so the timeline converts to time.
-    if (wg == 0)
-      printf("jit_mla-clock cycles=%llu ns=%llu\n", clock64() - s_tl_start[0], globaltimer_ns() - s_tl_start[1]);
-    for (int i = 0; i < s_tl_n[wg]; ++i)
-      printf("jit_mla-tl wg=%d i=%d ev=%u t=%u\n", wg, i, s_tl[wg][i] & 255u, s_tl[wg][i] >> 8);
+    if (wg == 0) {
+      g_tl_clock[0] = clock64() - s_tl_start[0];
+      g_tl_clock[1] = globaltimer_ns() - s_tl_start[1];
+    }
+    g_tl_n[wg] = s_tl_n[wg];
+    for (int i = 0; i < s_tl_n[wg]; ++i) g_tl[wg][i] = s_tl[wg][i];
   }
 }
 #else
@@ -149,6 +160,8 @@ __device__ __forceinline__ void tl_print() {}
 
 #if (JIT_MLA_PROBE & 8) != 0
 __shared__ unsigned long long s_probe_trace[kNumMarks];
+__device__ unsigned long long g_probe_trace[kProbeMaxCtas][kNumMarks + 1];  // the marks, then the SM id
+__device__ int g_probe_ctas;
 
 __device__ __forceinline__ void trace_mark(int mark) {
   if (threadIdx.x == 0) {
@@ -157,18 +170,45 @@ __device__ __forceinline__ void trace_mark(int mark) {
     s_probe_trace[mark] = globaltimer_ns();
   }
 }
-// Thread 0 of every CTA prints its marks, one line, parsed by benchmarks/trace_phases.py.
+// Thread 0 of every CTA stores its marks for mla_probe_dump.
 __device__ __forceinline__ void trace_print() {
-  if (threadIdx.x == 0) {
+  if (threadIdx.x == 0 && blockIdx.x < kProbeMaxCtas) {
     unsigned int sm;
     asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-    const unsigned long long* t = s_probe_trace;
-    printf("jit_mla-trace cta=%d sm=%u t=%llu,%llu,%llu,%llu,%llu,%llu\n", (int)blockIdx.x, sm,
-           t[0], t[1], t[2], t[3], t[4], t[5]);
+    for (int i = 0; i < kNumMarks; ++i) g_probe_trace[blockIdx.x][i] = s_probe_trace[i];
+    g_probe_trace[blockIdx.x][kNumMarks] = sm;
+    if (blockIdx.x == 0) g_probe_ctas = gridDim.x < kProbeMaxCtas ? gridDim.x : kProbeMaxCtas;
   }
 }
 #else
 __device__ __forceinline__ void trace_mark(int) {}
 __device__ __forceinline__ void trace_print() {}
+#endif
+#if (JIT_MLA_PROBE & 56) != 0
+// What mla_probe_dump (one thread, after the attention launch) prints, one line per record, in
+// the formats benchmarks/trace_phases.py parses.
+__device__ __forceinline__ void probe_dump() {
+#if (JIT_MLA_PROBE & 8) != 0
+  for (int c = 0; c < g_probe_ctas; ++c) {
+    const unsigned long long* t = g_probe_trace[c];
+    printf("jit_mla-trace cta=%d sm=%llu t=%llu,%llu,%llu,%llu,%llu,%llu\n", c, t[kNumMarks], t[0], t[1], t[2],
+           t[3], t[4], t[5]);
+  }
+#endif
+#if (JIT_MLA_PROBE & 16) != 0
+  for (int c = 0; c < g_probe_wait_ctas; ++c)
+    for (int wg = 0; wg < 2; ++wg) {
+      const unsigned long long* w = g_probe_wait[c][wg];
+      printf("jit_mla-waits cta=%d wg=%d c=%llu,%llu,%llu,%llu,%llu,%llu,%llu,%llu\n", c, wg, w[0], w[1], w[2],
+             w[3], w[4], w[5], w[6], w[7]);
+    }
+#endif
+#if (JIT_MLA_PROBE & 32) != 0
+  printf("jit_mla-clock cycles=%llu ns=%llu\n", g_tl_clock[0], g_tl_clock[1]);
+  for (int wg = 0; wg < 2; ++wg)
+    for (int i = 0; i < g_tl_n[wg]; ++i)
+      printf("jit_mla-tl wg=%d i=%d ev=%u t=%u\n", wg, i, g_tl[wg][i] & 255u, g_tl[wg][i] >> 8);
+#endif
+}
 #endif
 }  // namespace jit_mla
