@@ -113,7 +113,7 @@ def attention_kernel(page_size: int, rows_per_request: int = 64, ragged: bool = 
     narrow = tma_page_size(page_size) and not ragged and 1 <= rows_per_request <= 32
     if fp8 and not narrow:
         raise NotImplementedError("kv_cache in float8_e4m3fn runs only on the narrow kernel's shapes")
-    suffix = "_fp8 (TMA, transposed tiles, e4m3 converted to bf16)" if fp8 else " (TMA, transposed tiles)"
+    suffix = "_fp8 (TMA, transposed tiles, e4m3 to f16 in registers)" if fp8 else " (TMA, transposed tiles)"
     if narrow:
         return f"mla_sm90_attention_narrow{16 if rows_per_request <= 16 else 32}{suffix}"
     if tma_page_size(page_size):
