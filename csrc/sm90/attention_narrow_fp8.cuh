@@ -21,7 +21,7 @@
 //     hit 8 distinct 16-byte bank groups). P is stored with the same permutation (p_position).
 // and the M dimension of PV (V columns) too, undone when O is written: thread (warp w, row r =
 // lane / 4) loads V columns 16 (8 w + r) + [0, 16); column 16 (8 w + r) + 2 i + h is row r + 8 h of
-// its slice of tile i (the epilogue's vcol).
+// its slice of tile i (the epilogue writes it back to column v0 + 2 i + (e >> 1)).
 //
 // Q in f16: row c is stored as q * 2^-e_c with e_c from the row's largest |q| (the largest then
 // lands in [2^15, 2^16), below f16's 65504 for any bf16 value), and 2^e_c goes into that row's
