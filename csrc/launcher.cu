@@ -630,20 +630,20 @@ void run_attention(TensorView out, Optional<TensorView> lse, TensorView query, T
   // Uniform query length with at most 32 rows per request (H 16 decode or MTP 2, H 32 decode):
   // the transposed-tile kernel, whose tensor work is not padded to 64 rows.
   // (narrow and rows_per_request: worked out with the kv_cache checks above.)
-  if (narrow && rows_per_request <= 16)
-    launch(kv_fp8 ? k.attention_narrow16_fp8 : k.attention_narrow16, p.num_ctas, kNumThreads,
-           kv_fp8 ? sm90::narrow_fp8_smem_bytes<16>() : sm90::narrow_smem_bytes<16>(), stream, enable_pdl, &p,
-           kv_fp8 ? "mla_sm90_attention_narrow16_fp8" : "mla_sm90_attention_narrow16");
-  else if (narrow)
-    launch(kv_fp8 ? k.attention_narrow32_fp8 : k.attention_narrow32, p.num_ctas, kNumThreads,
-           kv_fp8 ? sm90::narrow_fp8_smem_bytes<32>() : sm90::narrow_smem_bytes<32>(), stream, enable_pdl, &p,
-           kv_fp8 ? "mla_sm90_attention_narrow32_fp8" : "mla_sm90_attention_narrow32");
-  else if (use_tma)
-    launch(k.attention, p.num_ctas, kNumThreads, sm90::kSeesawSmemBytes, stream, enable_pdl, &p,
-           "mla_sm90_attention");
-  else
-    launch(k.attention_any_page, p.num_ctas, kNumThreads, sm90::kAttentionSmemBytes, stream,
-           enable_pdl, &p, "mla_sm90_attention_any_page");
+  struct Pick {
+    cudaKernel_t fn;
+    int smem;
+    const char* name;
+  };
+  const bool n16 = rows_per_request <= 16;
+  const Pick pick =
+      !narrow  ? (use_tma ? Pick{k.attention, sm90::kSeesawSmemBytes, "mla_sm90_attention"}
+                          : Pick{k.attention_any_page, sm90::kAttentionSmemBytes, "mla_sm90_attention_any_page"})
+      : kv_fp8 ? (n16 ? Pick{k.attention_narrow16_fp8, sm90::narrow_fp8_smem_bytes<16>(), "mla_sm90_attention_narrow16_fp8"}
+                      : Pick{k.attention_narrow32_fp8, sm90::narrow_fp8_smem_bytes<32>(), "mla_sm90_attention_narrow32_fp8"})
+               : (n16 ? Pick{k.attention_narrow16, sm90::narrow_smem_bytes<16>(), "mla_sm90_attention_narrow16"}
+                      : Pick{k.attention_narrow32, sm90::narrow_smem_bytes<32>(), "mla_sm90_attention_narrow32"});
+  launch(pick.fn, p.num_ctas, kNumThreads, pick.smem, stream, enable_pdl, &p, pick.name);
 }
 
 // ---- entry 1: FlashInfer's trtllm-gen launcher arguments, plus lse -------------------------------
