@@ -210,10 +210,12 @@ struct Kernels {
   // attention_any_page: cp.async loads, any page size (1 included). Both merge their splits
   // themselves (common/combine.cuh): one launch per call.
   // attention_narrow16/32: TMA pages, transposed tiles for units of at most 16/32 rows; their
-  // _fp8 twins read a float8_e4m3fn cache (kept fp8 in shared memory, converted in registers).
+  // _fp8 twins read a float8_e4m3fn cache (kept fp8 in shared memory, converted in registers);
+  // the _fp8_any ones load it by cp.async for the page sizes TMA does not fit.
   cudaKernel_t attention = nullptr, attention_any_page = nullptr;
   cudaKernel_t attention_narrow16 = nullptr, attention_narrow32 = nullptr;
   cudaKernel_t attention_narrow16_fp8 = nullptr, attention_narrow32_fp8 = nullptr;
+  cudaKernel_t attention_narrow16_fp8_any = nullptr, attention_narrow32_fp8_any = nullptr;  // cp.async pages
   std::vector<bool> ready;  // per device: arch checked, shared-memory limits raised
 };
 std::mutex g_mutex;
@@ -246,6 +248,8 @@ void load_cubin(String arch, Bytes data) {
   get(&k.attention_narrow32, "mla_sm90_attention_narrow32");
   get(&k.attention_narrow16_fp8, "mla_sm90_attention_narrow16_fp8");
   get(&k.attention_narrow32_fp8, "mla_sm90_attention_narrow32_fp8");
+  get(&k.attention_narrow16_fp8_any, "mla_sm90_attention_narrow16_fp8_any");
+  get(&k.attention_narrow32_fp8_any, "mla_sm90_attention_narrow32_fp8_any");
   if (g_kernels.library != nullptr) cudaLibraryUnload(g_kernels.library);
   g_kernels = k;
 }
@@ -317,6 +321,8 @@ const Kernels& kernels_for_device(int device) {
         {g_kernels.attention_narrow32, sm90::narrow_smem_bytes<32>()},
         {g_kernels.attention_narrow16_fp8, sm90::narrow_fp8_smem_bytes<16>()},
         {g_kernels.attention_narrow32_fp8, sm90::narrow_fp8_smem_bytes<32>()},
+        {g_kernels.attention_narrow16_fp8_any, sm90::narrow_fp8_smem_bytes<16>()},
+        {g_kernels.attention_narrow32_fp8_any, sm90::narrow_fp8_smem_bytes<32>()},
     };
     for (const auto& [fn, bytes] : limits)
       MLA_CUDA_CHECK(cudaKernelSetAttributeForDevice(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes, device),
@@ -531,17 +537,16 @@ void run_attention(TensorView out, Optional<TensorView> lse, TensorView query, T
          "of " << align_elems << " elements (row stride >= 576), got row stride "
       << row_stride << ", page stride " << page_stride;
   // fp8 runs on the narrow kernel only so far (issue 5): one fp8 path per shape, never a slow
-  // fallback.
+  // fallback. bf16 takes the narrow kernel with the TMA page sizes; fp8 with any page size (by
+  // cp.async where TMA does not fit).
   const int64_t rows_per_request = q_len * num_heads;
-  const bool narrow = tma_page_size(page_size) && !cum_seq_lens_q.has_value() && rows_per_request >= 1 &&
-                      rows_per_request <= 32;
+  const bool narrow_shape = !cum_seq_lens_q.has_value() && rows_per_request >= 1 && rows_per_request <= 32;
+  const bool narrow = narrow_shape && (tma_page_size(page_size) || kv_fp8);
   MLA_CHECK(!kv_fp8 || narrow || batch_size == 0 || total_q == 0, NotImplementedError)
       << "kv_cache in float8_e4m3fn runs only for a uniform query with q_len * H <= 32 rows per "
-         "request and a page size of 8, 16, 32, 64 or a multiple of 64 (not yet for the other "
-         "shapes), got "
+         "request (not yet for the other shapes), got "
       << (cum_seq_lens_q.has_value() ? std::string("a ragged query (cum_seq_lens_q)")
-                                     : "q_len * H = " + std::to_string(q_len) + " * " + std::to_string(num_heads))
-      << ", page_size " << page_size;
+                                     : "q_len * H = " + std::to_string(q_len) + " * " + std::to_string(num_heads));
   MLA_CHECK(reinterpret_cast<uintptr_t>(data_of(key_cache)) % 16 == 0, ValueError)
       << "kv_cache's data pointer must be 16-byte aligned, got address 0x" << std::hex
       << reinterpret_cast<uintptr_t>(data_of(key_cache)) << std::dec << " (offset "
@@ -639,6 +644,9 @@ void run_attention(TensorView out, Optional<TensorView> lse, TensorView query, T
   const Pick pick =
       !narrow  ? (use_tma ? Pick{k.attention, sm90::kSeesawSmemBytes, "mla_sm90_attention"}
                           : Pick{k.attention_any_page, sm90::kAttentionSmemBytes, "mla_sm90_attention_any_page"})
+      : kv_fp8 && !use_tma
+          ? (n16 ? Pick{k.attention_narrow16_fp8_any, sm90::narrow_fp8_smem_bytes<16>(), "mla_sm90_attention_narrow16_fp8_any"}
+                 : Pick{k.attention_narrow32_fp8_any, sm90::narrow_fp8_smem_bytes<32>(), "mla_sm90_attention_narrow32_fp8_any"})
       : kv_fp8 ? (n16 ? Pick{k.attention_narrow16_fp8, sm90::narrow_fp8_smem_bytes<16>(), "mla_sm90_attention_narrow16_fp8"}
                       : Pick{k.attention_narrow32_fp8, sm90::narrow_fp8_smem_bytes<32>(), "mla_sm90_attention_narrow32_fp8"})
                : (n16 ? Pick{k.attention_narrow16, sm90::narrow_smem_bytes<16>(), "mla_sm90_attention_narrow16"}

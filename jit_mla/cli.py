@@ -110,10 +110,16 @@ def tma_page_size(page_size: int) -> bool:
 def attention_kernel(page_size: int, rows_per_request: int = 64, ragged: bool = False, fp8: bool = False) -> str:
     """The kernel a call launches (it plans, attends and merges splits): csrc/launcher.cu's rule.
     rows_per_request: q_len * H of a uniform call; fp8: a float8_e4m3fn cache (narrow kernel only)."""
-    narrow = tma_page_size(page_size) and not ragged and 1 <= rows_per_request <= 32
+    narrow_shape = not ragged and 1 <= rows_per_request <= 32
+    narrow = narrow_shape and (tma_page_size(page_size) or fp8)
     if fp8 and not narrow:
         raise NotImplementedError("kv_cache in float8_e4m3fn runs only on the narrow kernel's shapes")
-    suffix = "_fp8 (TMA, transposed tiles, e4m3 to f16 in registers)" if fp8 else " (TMA, transposed tiles)"
+    if fp8 and not tma_page_size(page_size):
+        suffix = "_fp8_any (cp.async, transposed tiles, e4m3 to f16 in registers)"
+    elif fp8:
+        suffix = "_fp8 (TMA, transposed tiles, e4m3 to f16 in registers)"
+    else:
+        suffix = " (TMA, transposed tiles)"
     if narrow:
         return f"mla_sm90_attention_narrow{16 if rows_per_request <= 16 else 32}{suffix}"
     if tma_page_size(page_size):
@@ -160,7 +166,8 @@ def _next_call_report() -> str:
     lines.append(
         f"  kernels:  {attention_kernel(64)} for page sizes 8, 16, 32, 64 or multiples "
         f"of 64 (else {attention_kernel(24)}), narrow16/32 for uniform q_len * H <= 16/32 "
-        f"with those pages (their _fp8 twins for a float8_e4m3fn cache); one cooperative launch per call"
+        f"with those pages (their _fp8 twins for a float8_e4m3fn cache, _fp8_any by cp.async for "
+        f"the other pages); one cooperative launch per call"
     )
     return "\n".join(lines)
 

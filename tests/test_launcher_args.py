@@ -189,11 +189,9 @@ CASES = [
          NotImplementedError, ("skip_softmax_threshold_scale_factor",)),
     Case("uses_shared_paged_kv_idx-false", lambda a: {"uses_shared_paged_kv_idx": False},
          NotImplementedError, ("uses_shared_paged_kv_idx=False",)),
-    # fp8 KV runs on the narrow kernel only (uniform, q_len * H <= 32, a TMA page size)
+    # fp8 KV runs on the narrow kernel only (uniform, q_len * H <= 32, any page size)
     Case("kv_cache-fp8-ragged", lambda a: kv(a["key_cache"].to(torch.float8_e4m3fn)),
          NotImplementedError, ("kv_cache in float8_e4m3fn runs only", "got a ragged query"), ragged=True),
-    Case("kv_cache-fp8-page-24", lambda a: kv(torch.zeros(PAGES, 24, D_QK, dtype=torch.float8_e4m3fn)),
-         NotImplementedError, ("kv_cache in float8_e4m3fn runs only", f"q_len * H = {Q_LEN} * {H}", "page_size 24")),
     Case("kv_cache-fp8-row-stride-8", lambda a: kv(torch.zeros(PAGES * PAGE * (D_QK + 8), dtype=torch.float8_e4m3fn)
                                                   .as_strided((PAGES, PAGE, D_QK), (PAGE * (D_QK + 8), D_QK + 8, 1))),
          ValueError, ("multiples of 16 elements", f"got row stride {D_QK + 8}")),
@@ -510,10 +508,14 @@ def test_fake_cuda_valid_call_passes_every_check(no_kernels, ragged):
     check_raises(lambda: call(no_kernels, fake_baseline(ragged)), RuntimeError, NO_KERNELS)
 
 
-def test_fake_cuda_fp8_cache_passes_every_check(no_kernels):
-    # A uniform q_len * H = 32 call with an fp8 cache of page 64: the narrow fp8 kernel's shape.
+@pytest.mark.parametrize("page", [PAGE, 24, 1])
+def test_fake_cuda_fp8_cache_passes_every_check(no_kernels, page):
+    # A uniform q_len * H = 32 call with an fp8 cache: the narrow fp8 kernel's shape, by TMA (page
+    # 64) or by cp.async (24, 1).
     args = fake_baseline()
-    kv_t = fake_cuda(baseline()["key_cache"].to(torch.float8_e4m3fn))
+    pool, width = PAGES * PAGE // page, MAX_PAGES * PAGE // page
+    args["block_tables"] = fake_cuda(torch.arange(B * width, dtype=torch.int32).view(B, width) % pool)
+    kv_t = fake_cuda(torch.zeros(pool, page, D_QK).to(torch.float8_e4m3fn))
     args["key_cache"] = args["value_cache"] = kv_t
     check_raises(lambda: call(no_kernels, args), RuntimeError, NO_KERNELS)
 
@@ -729,8 +731,6 @@ API_CASES = [
      ("query must be bfloat16", f"got float32 {U}, {D_QK}]")),
     ("kv_cache-last-dim", dict(kv_cache=torch.zeros(PAGES, PAGE, D_V, dtype=BF16)), ValueError,
      ("kv_cache's last dim must be 576", f"got bfloat16 [{PAGES}, {PAGE}, {D_V}]")),
-    ("kv_cache-fp8-page-24", dict(kv_cache=torch.zeros(PAGES, 24, D_QK, dtype=torch.float8_e4m3fn)),
-     NotImplementedError, ("kv_cache in float8_e4m3fn runs only", "page_size 24")),
     ("bmm1_scale-float64", dict(bmm1_scale=torch.ones(1, dtype=torch.float64)), TypeError,
      ("bmm1_scale tensor must be float32", "got float64")),
     ("bmm2_scale-2-elements", dict(bmm2_scale=torch.ones(2)), ValueError,

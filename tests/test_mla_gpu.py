@@ -136,10 +136,11 @@ def test_matrix(B, q_len, H, page, kind, ragged, extra):
     _check(case, out, lse, sinks=sinks, bmm2=bmm2, label=f"B{B} q{q_len} H{H} p{page} {kind} {extra}")
 
 
-# fp8 e4m3 KV cache with a bf16 query, on the narrow kernel's shapes (uniform, q_len * H <= 32, a
-# TMA page size). The kernel converts e4m3 to f16 exactly and keeps Q in f16 scaled per row by a
-# power of 2 (exact for every element within 2^30 of its row's largest), P in f16 (finer than
-# bf16), so the reference on the upcast cache and the bf16 tolerance hold as they are. (B, q_len, H, page, kv kind, extras)
+# fp8 e4m3 KV cache with a bf16 query, on the narrow kernel's shapes (uniform, q_len * H <= 32;
+# TMA page sizes, and others by cp.async). The kernel converts e4m3 to f16 exactly and keeps Q in
+# f16 scaled per row by a power of 2 (exact for every element within 2^30 of its row's largest),
+# P in f16 (finer than bf16), so the reference on the upcast cache and the bf16 tolerance hold as
+# they are. (B, q_len, H, page, kv kind, extras)
 FP8_MATRIX = [
     (1, 1, 16, 64, "long", {}),
     (64, 1, 16, 64, "mixed", {"tensor_scales": True}),
@@ -149,6 +150,12 @@ FP8_MATRIX = [
     (16, 2, 16, 128, "mixed", {}),
     (257, 1, 16, 64, "uniform", {}),
     (3, 8, 3, 32, "mixed", {"sinks": True}),
+    # page sizes TMA does not fit: the cp.async twins (_fp8_any)
+    (4, 1, 16, 1, "mixed", {}),
+    (5, 2, 16, 3, "mixed", {"sinks": True}),
+    (64, 1, 16, 24, "short", {"tensor_scales": True}),
+    (3, 1, 32, 100, "long", {"cache_4d": True, "pool_padding": 8}),
+    (300, 2, 16, 1, "uniform", {}),  # many units per CTA: the stages' parity across units
 ]
 
 

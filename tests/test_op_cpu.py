@@ -367,7 +367,9 @@ def test_kernel_choice_follows_the_launchers_page_size_rule():
     assert cli.attention_kernel(24, 16) == "mla_sm90_attention_any_page (cp.async)"
     assert cli.attention_kernel(64, 16, fp8=True).startswith("mla_sm90_attention_narrow16_fp8 ")
     assert cli.attention_kernel(16, 32, fp8=True).startswith("mla_sm90_attention_narrow32_fp8 ")
-    for page, rows, ragged in ((64, 64, False), (24, 16, False), (64, 16, True)):
+    assert cli.attention_kernel(24, 16, fp8=True).startswith("mla_sm90_attention_narrow16_fp8_any (cp.async")
+    assert cli.attention_kernel(1, 32, fp8=True).startswith("mla_sm90_attention_narrow32_fp8_any (cp.async")
+    for page, rows, ragged in ((64, 64, False), (24, 33, False), (64, 16, True)):
         with pytest.raises(NotImplementedError, match="float8_e4m3fn"):
             cli.attention_kernel(page, rows, ragged, fp8=True)
 

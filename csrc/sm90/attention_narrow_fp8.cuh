@@ -4,11 +4,14 @@
 //   S^T = K Q^T     A = K: each thread loads its rows' e4m3 bytes and converts them to f16 (exact:
 //                   f16 holds every e4m3 value); B = Q in f16
 //   O^T += V^T P^T  A = V^T: each thread loads 16 V columns of 4 tokens and transposes the bytes
-//                   (prmt) into fragments; B = P in f16 (P in [0, 1]: finer than bf16 down to
-//                   2^-14, coarser below: docs/notes-fp8.md §8)
+//                   (prmt) into fragments; B = 2^15 P in f16 (P in [0, 1]: f16's 11 bits down
+//                   to P = 2^-29, where bf16 keeps 8)
 // Against converting each block to bf16 in shared memory, this halves the shared-memory traffic
 // per block (no bf16 tile written and re-read by the wgmmas) and the stage size, so each
 // warpgroup keeps two blocks in flight (smem_size.h, NarrowFp8Smem).
+// kTma: the blocks land by TMA (page sizes 8, 16, 32, 64 or multiples of 64, as the bf16 narrow
+// kernel); else by cp.async, each thread copying half a token row (any page size, 1 included), its
+// copies arriving on the stage's mbarrier when complete (expected count 128).
 //
 // Permutations. A dot product does not care about the order of its terms, and wgmma's fragment
 // layout does not match the bytes a thread can load at once. So the reduction dimension is
@@ -25,9 +28,8 @@
 //
 // Q in f16: row c is stored as q * 2^-e_c with e_c from the row's largest |q| (the largest then
 // lands in [2^15, 2^16), below f16's 65504 for any bf16 value), and 2^e_c goes into that row's
-// score scale. e_c is clamped to [-100, 100], so this holds for rows whose largest |q| lies in
-// [2^-85, 2^116): a larger one overflows to inf in f16, a smaller one loses digits (neither occurs
-// in a model's query; widening the clamp to +-126 is prepared in docs/experiments).
+// score scale. e_c is clamped to [-126, 126] (2^e and 2^-e stay normal floats): every finite
+// bf16 row fits (e <= 112); rows whose largest |q| is below 2^-111 lose digits.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -121,6 +123,11 @@ __device__ __forceinline__ int p_position(int t) {
 // 2^e as a float, e in [-126, 127].
 __device__ __forceinline__ float exp2_int(int e) { return __int_as_float((127 + e) << 23); }
 
+// The merge buffer's column of V column v: bits 1-3 flipped by v / 16 (the storing lane's r8), so
+// that a warp's stores, 16 columns apart per lane, spread over 16 banks instead of 2 (bit 0
+// stays: float2 pairs stay adjacent).
+__device__ __forceinline__ int merge_swizzle(int v) { return v ^ (2 * ((v >> 4) & 7)); }
+
 // Q rows [row_base, row_base + rows) -> sQ as f16, permuted, row c scaled by 2^-e_c; rows past
 // `rows` zero. Each warpgroup finds e_c of every row itself (into its own qexp row, read only by
 // its own threads) and stores half of the rows: thread tw takes row tw / kP, 16-byte chunks
@@ -148,7 +155,7 @@ __device__ __forceinline__ void load_q_rows_f16(uint8_t* sQ, int* qexp, const Ml
   for (int m = 1; m < kP; m *= 2) amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, m));
   // e = floor(log2 max|q|) - 15: the largest lands in [2^15, 2^16). Clamped so that 2^e and 2^-e
   // are normal floats (an all-zero row: any e; inf or NaN stay what they are).
-  const int e = min(max((int)(amax >> 23) - 127 - 15, -100), 100);
+  const int e = min(max((int)(amax >> 23) - 127 - 15, -126), 126);
   if (part == 0) qexp[c] = e;
   if (c / (kN / 2) != wg) return;  // the other warpgroup stores this row (warp-uniform)
   const float down = exp2_int(-e);
@@ -185,11 +192,48 @@ __device__ __forceinline__ void issue_kv_fp8(const MlaParams& p, uint32_t stage,
   }
 }
 
-template <int kN>
+// cp_async_16 with an L2 policy (evict-first: the KV is read once, as the TMA loads mark it).
+__device__ __forceinline__ void cp_async_16_evict_first(uint32_t dst, const void* src, bool valid, uint64_t policy) {
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(dst), "l"(src),
+               "r"(valid ? 16 : 0), "l"(policy));
+}
+
+// Warpgroup-collective, any page size: the two threads of token tw / 2 of block `block` copy its
+// 576-byte row (36 chunks of 16 bytes) into the stage's fp8 boxes, zero-filled for a page id
+// outside the pool (num_pages: a token past kv_len); each thread's copies arrive on `bar` when
+// complete. Thread h = tw % 2 takes chunks 2 j' + h, j' = j ^ s (s = bit 1 of the token), j < 18:
+// the two threads of a token read whole 32-byte sectors, and the swap by s puts a warp's stores
+// on 8 bank groups instead of 4; the box (j / 2) stays a constant.
+__device__ __forceinline__ void issue_kv_fp8_cp(const MlaParams& p, uint32_t stage, uint32_t bar, int block,
+                                                int page, uint64_t policy) {
+  if constexpr (kProbeNoLoads) return;
+  const int tw = threadIdx.x & 127, t = tw >> 1, h = tw & 1, s = (t >> 1) & 1;
+  const int off0 = 32 * s + 16 * h, off1 = 32 * (1 - s) + 16 * h;  // in-box bytes for even / odd j
+  const bool valid = page >= 0 && page < p.num_pages;
+  const uint8_t* src = static_cast<const uint8_t*>(p.kv);
+  if (valid)
+    src += (long long)page * p.kv_page_stride + (long long)page_row(block * kBlockN + t, p.page_size) * p.kv_row_stride;
+  const uint32_t dst = stage + t * kBoxCols;
+#pragma unroll
+  for (int j = 0; j < 18; ++j) {
+    const int off = (j & 1) ? off1 : off0;
+    cp_async_16_evict_first(dst + (j >> 1) * kFp8BoxBytes + off, src + 32 * (j & ~1) + off, valid, policy);
+  }
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+
+// The page id of this thread's token (tw / 2) of block `block`, or num_pages past kv_len.
+__device__ __forceinline__ int token_page(const MlaParams& p, const int* bt_row, int block, int kv_len) {
+  const int tok = block * kBlockN + ((threadIdx.x & 127) >> 1);
+  return tok < kv_len ? __ldg(bt_row + page_index(tok, p.page_size)) : p.num_pages;
+}
+
+template <int kN, bool kTma>
 __device__ void attention_narrow_fp8(const MlaParams& p) {
   constexpr int kT = kN / 8;    // column octets per thread: columns 8t + 2 q4 + {0, 1}
   constexpr int kAcc = kN / 2;  // fp32 registers of one m64nN accumulator
   constexpr int kChains = kN == 16 ? 3 : 2;  // QK^T accumulators (registers: kN 32 has fewer left)
+  constexpr float kPShift = 15.f;              // P is stored as 2^15 P (log2 units; see the softmax)
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw_addr = smem_u32(smem_raw);
   NarrowFp8Smem<kN>& ss =
@@ -202,8 +246,9 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
   const uint32_t sQ = smem_u32(ss.q), sP = smem_u32(ss.p[wg]);
 
   if (tid == 0) {
+    // TMA: one arrival (the expect_tx) per box; cp.async: one per thread of the warpgroup, on box 0's.
     for (int st = 0; st < 4; ++st)
-      for (int bx = 0; bx < kNumBoxesQK; ++bx) mbar_init(smem_u32(&ss.bar[st][bx]), 1);
+      for (int bx = 0; bx < kNumBoxesQK; ++bx) mbar_init(smem_u32(&ss.bar[st][bx]), kTma ? 1 : 128);
     fence_mbar_init();
   }
   __syncthreads();
@@ -222,15 +267,30 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
     const int* bt_row = p.block_tables + (long long)unit.b * p.block_table_stride;
 
     // The warpgroup's first two blocks, one per stage.
-    if (tw < 32)
+    if constexpr (kTma) {
+      if (tw < 32)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const int kb = kb0 + wg + 2 * j;
+          if (kb < kb1) {
+            const int st = 2 * wg + ((loads + j) & 1);
+            issue_kv_fp8(p, smem_u32(ss.kv[st]), smem_u32(&ss.bar[st][0]), kb, block_pages(p, bt_row, kb, kv_len));
+          }
+        }
+    } else {
+      // Both page ids first: the two loads overlap before the copies that depend on them.
+      const int page0 = kb0 + wg < kb1 ? token_page(p, bt_row, kb0 + wg, kv_len) : p.num_pages;
+      const int page1 = kb0 + wg + 2 < kb1 ? token_page(p, bt_row, kb0 + wg + 2, kv_len) : p.num_pages;
+      const uint64_t policy = createpolicy_evict_first();
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         const int kb = kb0 + wg + 2 * j;
         if (kb < kb1) {
           const int st = 2 * wg + ((loads + j) & 1);
-          issue_kv_fp8(p, smem_u32(ss.kv[st]), smem_u32(&ss.bar[st][0]), kb, block_pages(p, bt_row, kb, kv_len));
+          issue_kv_fp8_cp(p, smem_u32(ss.kv[st]), smem_u32(&ss.bar[st][0]), kb, j == 0 ? page0 : page1, policy);
         }
       }
+    }
     load_q_rows_f16<kN>(&ss.q[0][0], ss.qexp[wg], p, unit.q_row_base, unit.rows, wg);
     fence_proxy_async_smem();
     __syncthreads();
@@ -261,7 +321,10 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
       const uint8_t* kv = ss.kv[stage_id];
       const uint32_t bars = smem_u32(&ss.bar[stage_id][0]);
       const bool refill = kb + 4 < kb1;
-      const int refill_page = tw < 32 && refill ? block_pages(p, bt_row, kb + 4, kv_len) : p.num_pages;
+      // TMA: lanes 0-7 of warp 0 read the page ids here; cp.async: every thread its token's, once
+      // QK^T is done (loaded here, it was spilled across QK^T and waited for at once).
+      int refill_page = p.num_pages;
+      if constexpr (kTma) refill_page = tw < 32 && refill ? block_pages(p, bt_row, kb + 4, kv_len) : p.num_pages;
       tl_mark(kTlNBlockStart, loads);
 
       // ---- S^T = K Q^T: per box, this thread's two token rows (16 bytes each: 4 k-steps) ----
@@ -272,7 +335,7 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
       float stc[kChains][kAcc];
 #pragma unroll
       for (int b = 0; b < kNumBoxesQK; ++b) {
-        kv_wait(bars + 8 * b, par, kSiteQkBox);
+        if (kTma || b == 0) kv_wait(bars + 8 * b, par, kSiteQkBox);  // cp.async: the whole block on box 0's
         const uint4 ka = *reinterpret_cast<const uint4*>(kv + b * kFp8BoxBytes + r_a * kBoxCols + 16 * q4);
         const uint4 kc = *reinterpret_cast<const uint4*>(kv + b * kFp8BoxBytes + r_b * kBoxCols + 16 * q4);
         if (b >= 2) wgmma_wait<1>();
@@ -293,6 +356,7 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
       }
       wgmma_wait<0>();
       tl_mark(kTlNQkDone, loads);
+      if constexpr (!kTma) refill_page = refill ? token_page(p, bt_row, kb + 4, kv_len) : p.num_pages;
       float st[kAcc];
 #pragma unroll
       for (int c = 0; c < kChains; ++c) fence_regs(stc[c]);
@@ -343,7 +407,10 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
           sc[t][e] = exp2_approx(m_run[t][e] - mn);
           grew |= sc[t][e] != 1.f;
           m_run[t][e] = mn;
-          const float pa = exp2_approx(st[4 * t + e] - mn), pb = exp2_approx(st[4 * t + 2 + e] - mn);
+          // P scaled by 2^kPShift (<= 32768, within f16): f16 keeps 11 bits down to 2^-29 of
+          // the max instead of 2^-14 (bf16 keeps 8 everywhere); l_run and O carry the same
+          // factor, the row max handed to the store drops it.
+          const float pa = exp2_approx(st[4 * t + e] - mn + kPShift), pb = exp2_approx(st[4 * t + 2 + e] - mn + kPShift);
           l_run[t][e] = l_run[t][e] * sc[t][e] + pa + pb;
           *reinterpret_cast<__half*>(ss.p[wg] + swizzled(c, pa_pos >> 3) + 2 * (pa_pos & 7)) = __float2half_rn(pa);
           *reinterpret_cast<__half*>(ss.p[wg] + swizzled(c, pb_pos >> 3) + 2 * (pb_pos & 7)) = __float2half_rn(pb);
@@ -366,7 +433,8 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
       // in flight, so a group's A registers are free when they are rewritten (kN 32 with four
       // groups of two tiles spilled more: 56 -> 120 bytes).
       constexpr int kG = 2, kTiles = 8 / kG;
-      const bool tail = (kb + 1) * kBlockN > kv_len;
+      // (cp.async: tokens past kv_len arrive zero-filled already.)
+      const bool tail = kTma && (kb + 1) * kBlockN > kv_len;
       const uint8_t* vcol = kv + (2 * warp + (r8 >> 2)) * kFp8BoxBytes + 16 * (r8 & 3);
 #pragma unroll
       for (int s = 0; s < 4; ++s) {
@@ -401,7 +469,11 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
       }
       // Every thread's loads of this stage are done: block kb + 4 may land in it.
       wg_barrier(wg);
-      if (tw < 32 && refill) issue_kv_fp8(p, smem_u32(kv), bars, kb + 4, refill_page);
+      if constexpr (kTma) {
+        if (tw < 32 && refill) issue_kv_fp8(p, smem_u32(kv), bars, kb + 4, refill_page);
+      } else if (refill) {
+        issue_kv_fp8_cp(p, smem_u32(kv), bars, kb + 4, refill_page, createpolicy_evict_first());
+      }
       tl_mark(kTlNPvIssued, loads);
       wgmma_wait<0>();
       tl_mark(kTlNPvDone, loads);
@@ -442,7 +514,7 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int c = 8 * t + 2 * q4 + (e & 1), v = v0 + 2 * i + (e >> 1);
-          ob[c * kMergeStride + v] = acc[i][4 * t + e];
+          ob[c * kMergeStride + merge_swizzle(v)] = acc[i][4 * t + e];
         }
     wg_barrier(wg);
     if (tw < kN)
@@ -467,7 +539,7 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
       }
 #pragma unroll
       for (int t = 0; t < kOCols / 8; ++t) {
-        const int col = wg * kOCols + 8 * t + 2 * q4;
+        const int col = merge_swizzle(wg * kOCols + 8 * t + 2 * q4);  // even: the pair stays a pair
         float2 v = make_float2(0.f, 0.f);
         if (r < kN) {
           const float2 a = *reinterpret_cast<const float2*>(ob0 + r * kMergeStride + col);
@@ -478,8 +550,8 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
         o[4 * t + 2 * h + 1] = v.y;
       }
     }
-    store_unit_result(p, w, partial_slot(p, cr.set, grp, cr.lane_m), wg, r_a, r_b, q4, o, mrow[0], mrow[1],
-                      tot[0], tot[1], bmm2);
+    store_unit_result(p, w, partial_slot(p, cr.set, grp, cr.lane_m), wg, r_a, r_b, q4, o, mrow[0] - kPShift,
+                      mrow[1] - kPShift, tot[0], tot[1], bmm2);
     // The next unit reuses the stages (they hold the merge buffers; its TMA writes must come
     // after these generic-proxy reads), Q, qexp, colmax, m and l.
     fence_proxy_async_smem();

@@ -57,13 +57,24 @@ extern "C" __global__ void __launch_bounds__(jit_mla::kNumThreads, 1)
   attend_then_merge<jit_mla::sm90::attention_narrow<32>>(p);
 }
 
-// fp8 (e4m3) KV cache, bf16 query: the narrow kernel with the cache fp8 in shared memory.
+// fp8 (e4m3) KV cache, bf16 query: the narrow kernel with the cache fp8 in shared memory; by TMA
+// (the TMA page sizes), or by cp.async (_any: every other page size).
 extern "C" __global__ void __launch_bounds__(jit_mla::kNumThreads, 1)
     mla_sm90_attention_narrow16_fp8(const __grid_constant__ MlaParams p) {
-  attend_then_merge<jit_mla::sm90::attention_narrow_fp8<16>>(p);
+  attend_then_merge<jit_mla::sm90::attention_narrow_fp8<16, true>>(p);
 }
 
 extern "C" __global__ void __launch_bounds__(jit_mla::kNumThreads, 1)
     mla_sm90_attention_narrow32_fp8(const __grid_constant__ MlaParams p) {
-  attend_then_merge<jit_mla::sm90::attention_narrow_fp8<32>>(p);
+  attend_then_merge<jit_mla::sm90::attention_narrow_fp8<32, true>>(p);
+}
+
+extern "C" __global__ void __launch_bounds__(jit_mla::kNumThreads, 1)
+    mla_sm90_attention_narrow16_fp8_any(const __grid_constant__ MlaParams p) {
+  attend_then_merge<jit_mla::sm90::attention_narrow_fp8<16, false>>(p);
+}
+
+extern "C" __global__ void __launch_bounds__(jit_mla::kNumThreads, 1)
+    mla_sm90_attention_narrow32_fp8_any(const __grid_constant__ MlaParams p) {
+  attend_then_merge<jit_mla::sm90::attention_narrow_fp8<32, false>>(p);
 }

@@ -79,8 +79,7 @@ static_assert(narrow_fp8_smem_bytes<32>() + 128 <= 227 * 1024, "shared memory ov
 
 // The end of a unit merges the two warpgroups' O (kN rows, 512) fp32, each in its own stage, rows
 // kMergeStride floats apart (8 more than 512: the float2 reads of 8 rows then hit 8 bank groups;
-// the fp8 kernel's stores, 16 V columns apart per lane, hit 2 banks: a swizzle is prepared in
-// docs/experiments).
+// the fp8 kernel's stores, 16 V columns apart per lane, spread by its merge_swizzle).
 constexpr int kMergeStride = kHeadDimV + 8;
 static_assert(32 * kMergeStride * 4 <= kTileBytes, "a warpgroup's O fits in its stage");
 static_assert(32 * kMergeStride * 4 <= 2 * kFp8TileBytes, "a warpgroup's O fits in its two fp8 stages");
