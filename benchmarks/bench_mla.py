@@ -233,10 +233,15 @@ def shape_table() -> list[Shape]:
               role="ragged spec decode (q_len 1..4, seeded)"),
         Shape("prefill_4x2048_kv8192_h128", 128, (2048,) * 4, (8192,) * 4, ragged=True,
               role="chunked prefill"),
-        # fp8 e4m3 KV cache, bf16 query (issue 5): the TP8 shapes our fp8 kernel runs so far
+        # fp8 e4m3 KV cache, bf16 query (issue 5)
         uniform_shape(64, 8192, 16, 1, "TP8 decode, fp8 KV", kv_fp8=True),
         uniform_shape(128, 4096, 16, 2, "TP8 MTP 2, fp8 KV", kv_fp8=True),
         uniform_shape(1, 8192, 16, 1, "TP8 one request, fp8 KV", kv_fp8=True),
+        uniform_shape(64, 8192, 16, 4, "TP8 MTP 4, fp8 KV", kv_fp8=True),
+        uniform_shape(128, 4096, 128, 1, "TP1 decode, fp8 KV", kv_fp8=True),
+        uniform_shape(8, 4096, 128, 1, "TP1 batch 8, fp8 KV", kv_fp8=True),
+        Shape("spec_b64_q1to4_kv4096_h128_fp8", 128, spec_q, (4096,) * 64, ragged=True,
+              role="ragged spec decode, fp8 KV", kv_fp8=True),
     ]
 
 

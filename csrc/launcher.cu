@@ -153,36 +153,46 @@ constexpr size_t kWsAlign = 256;
 int64_t buffer_bytes(const TensorView& t) { return t.numel() * ((t.dtype().bits + 7) / 8); }
 size_t align_up(size_t x) { return (x + kWsAlign - 1) / kWsAlign * kWsAlign; }
 
+// The narrow kernels' units are the smallest (16 rows); the workspace is sized for them, so that
+// its size does not depend on which kernel a call takes.
+constexpr int kMinUnitRows = 16;
+
 int64_t max_units_of(int64_t batch, int64_t total_q, int64_t num_heads) {
-  // sum_b ceil(n_b H / 64) <= total_q H / 64 + B, whatever the split of total_q into requests.
-  return total_q * num_heads / kBlockM + batch;
+  // sum_b ceil(n_b H / u) <= total_q H / u + B for units of u >= 16 rows, whatever the split of
+  // total_q into requests.
+  return total_q * num_heads / kMinUnitRows + batch;
 }
 
-// CTAs of the attention kernel: one per SM (1 CTA/SM: 225 KiB of smem), in sets of m_group.
-// With H a multiple of 128 every token has an even number of 64-row units: a set of two CTAs
-// walks the same KV blocks together, so each KV block comes from DRAM once and L2 serves the
-// second reader.
+// CTAs of the attention kernel: at most one per SM (1 CTA/SM: 225 KiB of smem).
+int64_t max_ctas_of(int64_t sm_count) { return std::min<int64_t>(std::max<int64_t>(sm_count, 1), kMaxCtas); }
+
+// The CTAs in sets of m_group, which run the m_group units of a group side by side over the same
+// KV blocks, so that each block comes from DRAM once and L2 serves the other readers. Units of
+// one token's heads read the same blocks: m_group divides the units per token (H / unit rows,
+// at most 4). 64-row units: H a multiple of 128 gives 2 per token; narrow (16 / 32-row) units:
+// H = 128 gives 4 of 32 rows.
 struct CtaPlan {
   int m_group;
   int num_ctas;
 };
-CtaPlan cta_plan(int64_t num_heads, int64_t sm_count) {
-  const int m_group = num_heads % 128 == 0 ? 2 : 1;
-  const int64_t ctas = std::min<int64_t>(std::max<int64_t>(sm_count, 1), kMaxCtas);
-  return CtaPlan{m_group, static_cast<int>(std::max<int64_t>(m_group, ctas / m_group * m_group))};
+CtaPlan cta_plan(int64_t num_heads, int unit_rows, int64_t sm_count) {
+  int m_group = 1;
+  while (m_group < 4 && num_heads % (2 * m_group * unit_rows) == 0) m_group *= 2;
+  const int64_t ctas = max_ctas_of(sm_count);
+  if (m_group > ctas) m_group = 1;  // a tiny sm_count: never more CTAs than it allows
+  return CtaPlan{m_group, static_cast<int>(ctas / m_group * m_group)};
 }
 
-// Byte offsets of the workspace's parts, and the CTA plan they are sized for.
+// Byte offsets of the workspace's parts, sized for at most max_ctas_of(sm_count) CTAs (whatever
+// their sets) and units of >= kMinUnitRows rows.
 struct WorkspaceLayout {
   size_t group_prefix, cost_prefix, bounds, split_groups, partial_lse, partial_o, total;
-  CtaPlan ctas;
 };
 
 WorkspaceLayout workspace_layout(int64_t batch, int64_t total_q, int64_t num_heads, int64_t sm_count) {
   const int64_t units = max_units_of(batch, total_q, num_heads);
   WorkspaceLayout w{};
-  w.ctas = cta_plan(num_heads, sm_count);
-  const int64_t ctas = w.ctas.num_ctas;
+  const int64_t ctas = max_ctas_of(sm_count);
   const int64_t slots = kSlotsPerCta * ctas;
   size_t off = 0;
   w.group_prefix = off; off = align_up(off + sizeof(int) * (batch + 1));
@@ -439,6 +449,9 @@ void run_attention(TensorView out, Optional<TensorView> lse, TensorView query, T
   // kv_cache: bf16, or fp8 e4m3 (its k/v scales folded into bmm1_scale / bmm2_scale by the
   // caller, the contract's convention; the kernel converts exactly, without scaling).
   const bool kv_fp8 = same_dtype(key_cache.dtype(), kFP8E4M3);
+  MLA_CHECK(!same_dtype(query.dtype(), kFP8E4M3), NotImplementedError)
+      << "query in float8_e4m3fn (fp8 tensor-core matmuls) is not supported yet: pass a bfloat16 query "
+         "(an fp8 kv_cache is supported with it)";
   check_dtype(query, kBF16, "query", "bfloat16");
   if (!kv_fp8) check_dtype(key_cache, kBF16, "kv_cache", "bfloat16 or float8_e4m3fn");
   check_dtype(out, kBF16, "out", "bfloat16");
@@ -498,7 +511,7 @@ void run_attention(TensorView out, Optional<TensorView> lse, TensorView query, T
   MLA_CHECK(max_q_len >= 0, ValueError) << "max_q_len must be >= 0, got " << max_q_len;
   MLA_CHECK(total_q * num_heads < (int64_t(1) << 31), ValueError)
       << "query has total_q * H = " << total_q * num_heads << " rows; at most 2^31 - 1 are supported";
-  // The kernels count requests and 64-row units in int32 (with room for the CTA count).
+  // The kernels count requests and units in int32 (with room for the CTA count).
   const int64_t max_units = max_units_of(batch_size, total_q, num_heads);
   MLA_CHECK(max_units < (int64_t(1) << 31) - kMaxCtas, ValueError)
       << "batch_size = " << batch_size << " with " << total_q << " query rows of " << num_heads
@@ -536,17 +549,19 @@ void run_attention(TensorView out, Optional<TensorView> lse, TensorView query, T
       << "kv_cache rows must start 16-byte aligned: row stride and page stride must be multiples "
          "of " << align_elems << " elements (row stride >= 576), got row stride "
       << row_stride << ", page stride " << page_stride;
-  // fp8 runs on the narrow kernel only so far (issue 5): one fp8 path per shape, never a slow
-  // fallback. bf16 takes the narrow kernel with the TMA page sizes; fp8 with any page size (by
-  // cp.async where TMA does not fit).
-  const int64_t rows_per_request = q_len * num_heads;
-  const bool narrow_shape = !cum_seq_lens_q.has_value() && rows_per_request >= 1 && rows_per_request <= 32;
-  const bool narrow = narrow_shape && (tma_page_size(page_size) || kv_fp8);
-  MLA_CHECK(!kv_fp8 || narrow || batch_size == 0 || total_q == 0, NotImplementedError)
-      << "kv_cache in float8_e4m3fn runs only for a uniform query with q_len * H <= 32 rows per "
-         "request (not yet for the other shapes), got "
-      << (cum_seq_lens_q.has_value() ? std::string("a ragged query (cum_seq_lens_q)")
-                                     : "q_len * H = " + std::to_string(q_len) + " * " + std::to_string(num_heads));
+  // The kernel family. rows_hint: a request's rows, q_len * H, or max_q_len * H for a ragged
+  // query (0: max_q_len not given). Only the choice depends on it: the device cuts every request
+  // into units of the chosen kernel's rows, so a wrong max_q_len costs speed, never correctness.
+  // - bf16: the narrow kernels (transposed tiles, units of 16 / 32 rows, tensor work not padded
+  //   to 64 rows) when a request has at most 32 rows and TMA fits the pages; else the 64-row
+  //   kernels (TMA or cp.async).
+  // - fp8: the narrow kernels for every shape and page size (cp.async where TMA does not fit),
+  //   a request of more than 32 rows (H 128, MTP, ragged) as several 32-row units side by side
+  //   (issue 5: fp8 on the 64-row kernels is not written yet).
+  const int64_t rows_hint = (cum_seq_lens_q.has_value() ? max_q_len : q_len) * num_heads;
+  const bool use_tma = tma_page_size(page_size);
+  const bool narrow = kv_fp8 || (use_tma && rows_hint >= 1 && rows_hint <= 32);
+  const int unit_rows = !narrow ? kBlockM : rows_hint >= 1 && rows_hint <= 16 ? 16 : 32;
   MLA_CHECK(reinterpret_cast<uintptr_t>(data_of(key_cache)) % 16 == 0, ValueError)
       << "kv_cache's data pointer must be 16-byte aligned, got address 0x" << std::hex
       << reinterpret_cast<uintptr_t>(data_of(key_cache)) << std::dec << " (offset "
@@ -588,6 +603,7 @@ void run_attention(TensorView out, Optional<TensorView> lse, TensorView query, T
   // One CTA per SM, all resident at once (cooperative launch): never more CTAs than the device
   // has SMs. The workspace was checked for the caller's sm_count; fewer CTAs need less of it.
   if (sm_count > device_sms) ws = workspace_layout(batch_size, total_q, num_heads, device_sms);
+  const CtaPlan ctas = cta_plan(num_heads, unit_rows, std::min(sm_count, device_sms));
 
   // ---- 2. device guard and stream ---------------------------------------------------------------
   tvm::ffi::CUDADeviceGuard guard(dev.device_id);
@@ -624,23 +640,21 @@ void run_attention(TensorView out, Optional<TensorView> lse, TensorView query, T
   p.partial_lse = reinterpret_cast<float*>(ws_base + ws.partial_lse);
   p.partial_o = reinterpret_cast<float*>(ws_base + ws.partial_o);
   p.max_groups = static_cast<int>(max_units);
-  p.m_group = ws.ctas.m_group;
-  p.num_ctas = ws.ctas.num_ctas;
-  const bool use_tma = tma_page_size(page_size);
+  p.m_group = ctas.m_group;
+  p.num_ctas = ctas.num_ctas;
+  p.unit_rows_log2 = unit_rows == 16 ? 4 : unit_rows == 32 ? 5 : 6;
   p.num_pages = static_cast<int>(key_cache.size(0));
   p.kv_box_rows = static_cast<int>(std::min<int64_t>(page_size, kBlockN));
   if (use_tma) p.kv_tmap = kv_tensor_map(p.kv, key_cache.size(0), page_size, row_stride, page_stride, kv_fp8);
 
   // ---- 4. launch: one kernel (each CTA plans, attends, then merges splits), PDL when enabled ---
-  // Uniform query length with at most 32 rows per request (H 16 decode or MTP 2, H 32 decode):
-  // the transposed-tile kernel, whose tensor work is not padded to 64 rows.
-  // (narrow and rows_per_request: worked out with the kv_cache checks above.)
+  // (narrow and unit_rows: worked out with the kv_cache checks above.)
   struct Pick {
     cudaKernel_t fn;
     int smem;
     const char* name;
   };
-  const bool n16 = rows_per_request <= 16;
+  const bool n16 = unit_rows == 16;
   const Pick pick =
       !narrow  ? (use_tma ? Pick{k.attention, sm90::kSeesawSmemBytes, "mla_sm90_attention"}
                           : Pick{k.attention_any_page, sm90::kAttentionSmemBytes, "mla_sm90_attention_any_page"})

@@ -107,13 +107,12 @@ def tma_page_size(page_size: int) -> bool:
     return page_size % 64 == 0 or (page_size >= 8 and 64 % page_size == 0)
 
 
-def attention_kernel(page_size: int, rows_per_request: int = 64, ragged: bool = False, fp8: bool = False) -> str:
+def attention_kernel(page_size: int, rows_per_request: int = 64, fp8: bool = False) -> str:
     """The kernel a call launches (it plans, attends and merges splits): csrc/launcher.cu's rule.
-    rows_per_request: q_len * H of a uniform call; fp8: a float8_e4m3fn cache (narrow kernel only)."""
-    narrow_shape = not ragged and 1 <= rows_per_request <= 32
-    narrow = narrow_shape and (tma_page_size(page_size) or fp8)
-    if fp8 and not narrow:
-        raise NotImplementedError("kv_cache in float8_e4m3fn runs only on the narrow kernel's shapes")
+    rows_per_request: q_len * H of a uniform call, max_q_len * H of a ragged one (0: max_q_len
+    not given); fp8: a float8_e4m3fn cache (the narrow kernels, every shape)."""
+    small = 1 <= rows_per_request <= 32
+    narrow = fp8 or (small and tma_page_size(page_size))
     if fp8 and not tma_page_size(page_size):
         suffix = "_fp8_any (cp.async, transposed tiles, e4m3 to f16 in registers)"
     elif fp8:
@@ -121,7 +120,7 @@ def attention_kernel(page_size: int, rows_per_request: int = 64, ragged: bool = 
     else:
         suffix = " (TMA, transposed tiles)"
     if narrow:
-        return f"mla_sm90_attention_narrow{16 if rows_per_request <= 16 else 32}{suffix}"
+        return f"mla_sm90_attention_narrow{16 if 1 <= rows_per_request <= 16 else 32}{suffix}"
     if tma_page_size(page_size):
         return "mla_sm90_attention (TMA)"
     return "mla_sm90_attention_any_page (cp.async)"
@@ -165,9 +164,10 @@ def _next_call_report() -> str:
             lines.append(f"  cubin:    no kernels for {arch} (jit_mla has {', '.join(sorted(cubins.KERNEL_SOURCES))})")
     lines.append(
         f"  kernels:  {attention_kernel(64)} for page sizes 8, 16, 32, 64 or multiples "
-        f"of 64 (else {attention_kernel(24)}), narrow16/32 for uniform q_len * H <= 16/32 "
-        f"with those pages (their _fp8 twins for a float8_e4m3fn cache, _fp8_any by cp.async for "
-        f"the other pages); one cooperative launch per call"
+        f"of 64 (else {attention_kernel(24)}), narrow16/32 for q_len * H <= 16/32 "
+        f"with those pages; a float8_e4m3fn cache always on the narrow kernels' _fp8 twins "
+        f"(_fp8_any by cp.async for the other pages; more than 32 rows as 32-row units); one "
+        f"cooperative launch per call"
     )
     return "\n".join(lines)
 

@@ -189,15 +189,14 @@ CASES = [
          NotImplementedError, ("skip_softmax_threshold_scale_factor",)),
     Case("uses_shared_paged_kv_idx-false", lambda a: {"uses_shared_paged_kv_idx": False},
          NotImplementedError, ("uses_shared_paged_kv_idx=False",)),
-    # fp8 KV runs on the narrow kernel only (uniform, q_len * H <= 32, any page size)
-    Case("kv_cache-fp8-ragged", lambda a: kv(a["key_cache"].to(torch.float8_e4m3fn)),
-         NotImplementedError, ("kv_cache in float8_e4m3fn runs only", "got a ragged query"), ragged=True),
     Case("kv_cache-fp8-row-stride-8", lambda a: kv(torch.zeros(PAGES * PAGE * (D_QK + 8), dtype=torch.float8_e4m3fn)
                                                   .as_strided((PAGES, PAGE, D_QK), (PAGE * (D_QK + 8), D_QK + 8, 1))),
          ValueError, ("multiples of 16 elements", f"got row stride {D_QK + 8}")),
     # ---- dtypes --------------------------------------------------------------------------------
     Case("query-float32", lambda a: {"query": a["query"].float()},
          TypeError, ("query must be bfloat16", f"got float32 {U}, {D_QK}]")),
+    Case("query-fp8", lambda a: {"query": a["query"].to(torch.float8_e4m3fn)},
+         NotImplementedError, ("query in float8_e4m3fn", "not supported yet", "pass a bfloat16 query")),
     Case("query-float16", lambda a: {"query": a["query"].half()},
          TypeError, ("query must be bfloat16", "got float16")),
     Case("kv_cache-float16", lambda a: kv(a["key_cache"].half()),
@@ -407,6 +406,8 @@ def _valid_variants() -> list[tuple[str, Callable[[], dict[str, Any]]]]:
         ("kv-4d", with_(key_cache=lambda a: a["key_cache"][:, None], value_cache=lambda a: a["key_cache"][:, None])),
         ("kv-pool-view", with_(**kv(pool()))),
         ("kv-page-size-1", with_(**kv(torch.zeros(PAGES * PAGE, 1, D_QK, dtype=BF16)))),
+        # fp8 takes every query layout (the narrow kernels, 32-row units beyond 32 rows)
+        ("kv-fp8-ragged", with_(ragged=True, **kv(torch.zeros(PAGES, PAGE, D_QK).to(torch.float8_e4m3fn)))),
         # CPU scale tensors pass parse_scale; their device check comes after the query's.
         ("scales-cpu-tensors", with_(bmm1_scale=torch.full((1,), 0.07), bmm2_scale=torch.ones(1))),
         ("scale-0d-tensor", with_(bmm1_scale=torch.tensor(0.07))),
@@ -508,11 +509,11 @@ def test_fake_cuda_valid_call_passes_every_check(no_kernels, ragged):
     check_raises(lambda: call(no_kernels, fake_baseline(ragged)), RuntimeError, NO_KERNELS)
 
 
+@pytest.mark.parametrize("ragged", [False, True], ids=["uniform", "ragged"])
 @pytest.mark.parametrize("page", [PAGE, 24, 1])
-def test_fake_cuda_fp8_cache_passes_every_check(no_kernels, page):
-    # A uniform q_len * H = 32 call with an fp8 cache: the narrow fp8 kernel's shape, by TMA (page
-    # 64) or by cp.async (24, 1).
-    args = fake_baseline()
+def test_fake_cuda_fp8_cache_passes_every_check(no_kernels, page, ragged):
+    # An fp8 cache, uniform or ragged: the narrow fp8 kernels, by TMA (page 64) or by cp.async (24, 1).
+    args = fake_baseline(ragged)
     pool, width = PAGES * PAGE // page, MAX_PAGES * PAGE // page
     args["block_tables"] = fake_cuda(torch.arange(B * width, dtype=torch.int32).view(B, width) % pool)
     kv_t = fake_cuda(torch.zeros(pool, page, D_QK).to(torch.float8_e4m3fn))

@@ -136,11 +136,12 @@ def test_matrix(B, q_len, H, page, kind, ragged, extra):
     _check(case, out, lse, sinks=sinks, bmm2=bmm2, label=f"B{B} q{q_len} H{H} p{page} {kind} {extra}")
 
 
-# fp8 e4m3 KV cache with a bf16 query, on the narrow kernel's shapes (uniform, q_len * H <= 32;
-# TMA page sizes, and others by cp.async). The kernel converts e4m3 to f16 exactly and keeps Q in
-# f16 scaled per row by a power of 2 (exact for every element within 2^30 of its row's largest),
-# P in f16 (finer than bf16), so the reference on the upcast cache and the bf16 tolerance hold as
-# they are. (B, q_len, H, page, kv kind, extras)
+# fp8 e4m3 KV cache with a bf16 query: the narrow kernels (TMA page sizes, and others by
+# cp.async), requests of more than 32 rows (H 64 / 128, MTP, ragged) as 32-row units side by
+# side. The kernel converts e4m3 to f16 exactly and keeps Q in f16 scaled per row by a power of 2
+# (exact for every element within 2^30 of its row's largest), P in f16 (finer than bf16), so the
+# reference on the upcast cache and the bf16 tolerance hold as they are.
+# (B, q_len or ragged (lo, hi), H, page, kv kind, extras)
 FP8_MATRIX = [
     (1, 1, 16, 64, "long", {}),
     (64, 1, 16, 64, "mixed", {"tensor_scales": True}),
@@ -156,16 +157,33 @@ FP8_MATRIX = [
     (64, 1, 16, 24, "short", {"tensor_scales": True}),
     (3, 1, 32, 100, "long", {"cache_4d": True, "pool_padding": 8}),
     (300, 2, 16, 1, "uniform", {}),  # many units per CTA: the stages' parity across units
+    # more than 32 rows per request: 32-row units, 4 per token side by side at H 128
+    (64, 1, 128, 64, "mixed", {}),
+    (1, 1, 128, 64, "long", {"sinks": True}),
+    (8, 2, 128, 32, "mixed", {"tensor_scales": True, "cache_4d": True}),
+    (16, 1, 64, 1, "mixed", {"pool_padding": 8}),
+    (64, 4, 16, 64, "mixed", {"bmm2": 0.5}),
+    (3, 17, 3, 24, "mixed", {}),
+    (130, 1, 128, 64, "uniform", {}),
+    # ragged (zero-length requests included)
+    (64, (0, 4), 16, 64, "mixed", {"tensor_scales": True}),
+    (64, (0, 2), 16, 64, "mixed", {"sinks": True}),
+    (16, (1, 4), 128, 32, "mixed", {"sinks": True}),
+    (8, (0, 3), 128, 1, "short", {}),
+    (257, (0, 8), 3, 16, "short", {"cache_4d": True}),
 ]
 
 
 @pytest.mark.parametrize("B,q_len,H,page,kind,extra", FP8_MATRIX)
 def test_fp8_kv_cache(B, q_len, H, page, kind, extra):
-    rng = random.Random(hash(("fp8", B, q_len, H, page, kind)) & 0xFFFF)
-    kv_lens = _kv_lens(rng, [q_len] * B, kind)
+    rng = random.Random(hash(("fp8", B, str(q_len), H, page, kind)) & 0xFFFF)
+    ragged = isinstance(q_len, tuple)
+    q_lens = [rng.randint(*q_len) for _ in range(B)] if ragged else [q_len] * B
+    kv_lens = _kv_lens(rng, q_lens, kind)
     case = make_case(
-        B, q_len, H, page, kv_lens, dtype=torch.float8_e4m3fn, cache_4d=extra.get("cache_4d", False),
-        pool_padding=extra.get("pool_padding", 0), device=DEV, seed=rng.randint(0, 1 << 30),
+        B, q_lens if ragged else q_len, H, page, kv_lens, ragged=ragged, dtype=torch.float8_e4m3fn,
+        cache_4d=extra.get("cache_4d", False), pool_padding=extra.get("pool_padding", 0), device=DEV,
+        seed=rng.randint(0, 1 << 30),
     )
     assert case.kv_cache.dtype == torch.float8_e4m3fn and case.query.dtype == torch.bfloat16
     sinks, bmm2 = extra.get("sinks", False), extra.get("bmm2", 1.0)
@@ -186,11 +204,16 @@ def test_fp8_query_rows_outside_f16_range(q_scale):
     _check(case, out, lse, label=f"fp8 q x {q_scale:g}")
 
 
-def test_fp8_kv_cache_other_shapes_are_refused():
-    # Not yet on the 64-row kernels (issue 5): a clear error, never a slow or wrong fallback.
-    case = make_case(2, 1, 128, 64, [100, 300], dtype=torch.float8_e4m3fn, device=DEV, seed=5)
-    with pytest.raises(NotImplementedError, match="kv_cache in float8_e4m3fn runs only"):
-        _run(case)
+# max_q_len only picks the kernel: a hint below the longest request (16-row units for requests
+# of up to 64 rows) still gives every row, for bf16 (narrow16) and fp8.
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn], ids=["bf16", "fp8"])
+def test_ragged_max_q_len_below_the_longest_request(dtype):
+    q_lens = [4, 1, 0, 3, 4, 2, 1, 4]
+    case = make_case(8, q_lens, 16, 64, [4000, 77, 5, 300, 4, 2048, 1, 999], ragged=True, dtype=dtype,
+                     device=DEV, seed=17)
+    case.max_q_len = 1
+    out, lse = _run(case, sinks=True)
+    _check(case, out, lse, sinks=True, label=f"max_q_len 1 < 4 {dtype}")
 
 
 def test_tensor_and_float_scales_match_bitwise():

@@ -363,15 +363,16 @@ def test_kernel_choice_follows_the_launchers_page_size_rule():
     assert cli.attention_kernel(64, 16) == "mla_sm90_attention_narrow16 (TMA, transposed tiles)"
     assert cli.attention_kernel(32, 32) == "mla_sm90_attention_narrow32 (TMA, transposed tiles)"
     assert cli.attention_kernel(64, 33) == "mla_sm90_attention (TMA)"
-    assert cli.attention_kernel(64, 16, ragged=True) == "mla_sm90_attention (TMA)"
+    assert cli.attention_kernel(64, 0) == "mla_sm90_attention (TMA)"  # ragged, no max_q_len
     assert cli.attention_kernel(24, 16) == "mla_sm90_attention_any_page (cp.async)"
     assert cli.attention_kernel(64, 16, fp8=True).startswith("mla_sm90_attention_narrow16_fp8 ")
     assert cli.attention_kernel(16, 32, fp8=True).startswith("mla_sm90_attention_narrow32_fp8 ")
     assert cli.attention_kernel(24, 16, fp8=True).startswith("mla_sm90_attention_narrow16_fp8_any (cp.async")
     assert cli.attention_kernel(1, 32, fp8=True).startswith("mla_sm90_attention_narrow32_fp8_any (cp.async")
-    for page, rows, ragged in ((64, 64, False), (24, 33, False), (64, 16, True)):
-        with pytest.raises(NotImplementedError, match="float8_e4m3fn"):
-            cli.attention_kernel(page, rows, ragged, fp8=True)
+    # fp8 beyond 32 rows (H 128, MTP) or without a max_q_len: 32-row units
+    assert cli.attention_kernel(64, 128, fp8=True).startswith("mla_sm90_attention_narrow32_fp8 ")
+    assert cli.attention_kernel(64, 0, fp8=True).startswith("mla_sm90_attention_narrow32_fp8 ")
+    assert cli.attention_kernel(24, 33, fp8=True).startswith("mla_sm90_attention_narrow32_fp8_any (cp.async")
 
 
 def test_info_reports_the_next_call(capsys):

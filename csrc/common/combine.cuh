@@ -178,10 +178,12 @@ __device__ __forceinline__ void combine_splits(const MlaParams& p) {
 
   // Items: whole rows, or 128-column chunks of rows when even the chunks are not more than the
   // warps (a short request split many ways: few rows, many splits each). A unit's rows are
-  // counted as q_len * H when a uniform query length makes that fewer than 64 (H = 16 decode:
-  // 16 rows), so that the warps share only rows that exist. A warp's items are contiguous; warps
-  // are numbered warp 0 of every CTA first, so that few items still spread over all SMs.
-  const int unit_rows = p.cum_q == nullptr ? max(1, min(kBlockM, p.q_len * p.num_heads)) : kBlockM;
+  // counted as q_len * H when a uniform query length makes that fewer than a unit holds (H = 16
+  // decode: 16 rows), so that the warps share only rows that exist. A warp's items are
+  // contiguous; warps are numbered warp 0 of every CTA first, so that few items still spread
+  // over all SMs.
+  const int unit_cap = 1 << p.unit_rows_log2;
+  const int unit_rows = p.cum_q == nullptr ? max(1, min(unit_cap, p.q_len * p.num_heads)) : unit_cap;
   const long long rows = (long long)units * unit_rows;
   const long long warps = (long long)gridDim.x * kCombineWarps;
   const bool by_chunk = rows * kCombineChunks <= warps;

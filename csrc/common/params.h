@@ -7,10 +7,10 @@
 
 namespace jit_mla {
 
-// A position in the plan's work order: KV block `block` of group `group`. A unit is a 64-row
-// tile of (query token x head) rows of one request; a group is m_group consecutive units of one
-// request that m_group CTAs run side by side over the same KV blocks. Groups are numbered
-// request by request.
+// A position in the plan's work order: KV block `block` of group `group`. A unit is a tile of
+// 2^unit_rows_log2 (query token x head) rows of one request (64 for the 64-row kernels, 16 or 32
+// for the narrow ones); a group is m_group consecutive units of one request that m_group CTAs
+// run side by side over the same KV blocks. Groups are numbered request by request.
 struct WorkPos {
   int group;
   int block;
@@ -54,11 +54,12 @@ struct MlaParams {
   int64_t* cost_prefix;       // [max_groups+1]: cumulative cost of groups, in KV-block units
   WorkPos* bounds;            // [num_ctas/m_group + 1]: CTA set s works on [bounds[s], bounds[s+1])
   int* split_groups;          // [1 + 2 num_ctas]: count, then (group, its first set) of each split group
-  float* partial_lse;         // [kSlotsPerCta * num_ctas, 64]
+  float* partial_lse;         // [kSlotsPerCta * num_ctas, 64]: a unit's rows (<= 64) at the start
   float* partial_o;           // [kSlotsPerCta * num_ctas, 64, 512] normalized fp32
   int max_groups;             // upper bound of the group count (sizes cost_prefix)
   int num_ctas;               // grid of the attention kernel (cooperative), a multiple of m_group
-  int m_group;                // CTAs per set: units of a group run side by side (1 or 2)
+  int m_group;                // CTAs per set: units of a group run side by side (1, 2 or 4)
+  int unit_rows_log2;         // log2 of a unit's rows: 6 (kBlockM) or the narrow kernel's kN (4, 5)
 };
 
 }  // namespace jit_mla

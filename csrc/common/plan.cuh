@@ -4,7 +4,7 @@
 // 3 us of host time); the plan is small (a few scans over B and the groups) and deterministic, so
 // all CTAs compute and write the same values to the workspace, which the combine phase reads.
 //
-// Work order: groups (m_group 64-row units run side by side) request by request; group g costs
+// Work order: groups (m_group units run side by side) request by request; group g costs
 // kUnitOverheadBlocks + its KV blocks. The total cost W is cut into equal ranges, one per CTA set
 // (num_ctas / m_group of them); a cut falling inside a group's KV blocks splits it (the partials
 // are merged by the combine phase), a cut falling in its overhead snaps to the group's start.

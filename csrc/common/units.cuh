@@ -1,4 +1,5 @@
-// Geometry of the work: requests, their 64-row units, and how many KV blocks each unit reads.
+// Geometry of the work: requests, their units of 2^unit_rows_log2 rows (64, or the narrow
+// kernels' 16 / 32), and how many KV blocks each unit reads.
 // Shared by the plan, attention and combine phases so they agree on every index.
 #pragma once
 #include "../config.h"
@@ -28,7 +29,7 @@ __device__ __forceinline__ int request_kv_len(const MlaParams& p, int b) {
 }
 __device__ __forceinline__ int request_num_units(const MlaParams& p, int b) {
   const long long rows = (long long)request_q_len(p, b) * p.num_heads;
-  return (int)((rows + kBlockM - 1) / kBlockM);
+  return (int)((rows + (1 << p.unit_rows_log2) - 1) >> p.unit_rows_log2);
 }
 
 // Number of KV tokens a row of token t sees: bottom-right causal, L - n + t + 1, clamped.
@@ -40,7 +41,7 @@ __device__ __forceinline__ int row_kv_limit(int kv_len, int q_len, int t) {
 struct Unit {
   int b;          // request
   int row0;       // first row of the unit inside the request (rows = token * H + head)
-  int rows;       // valid rows, 1..64
+  int rows;       // valid rows, 1..2^unit_rows_log2 (<= 64)
   int q_len;      // request's query length n
   int kv_len;     // request's seq_lens L
   int kv_extent;  // KV tokens the unit's last row sees (the most of any of its rows)
@@ -54,8 +55,8 @@ __device__ __forceinline__ Unit make_unit(const MlaParams& p, int b, int m) {
   u.q_len = request_q_len(p, b);
   u.kv_len = request_kv_len(p, b);
   const int total_rows = u.q_len * p.num_heads;
-  u.row0 = m * kBlockM;
-  u.rows = min(kBlockM, total_rows - u.row0);
+  u.row0 = m << p.unit_rows_log2;
+  u.rows = min(1 << p.unit_rows_log2, total_rows - u.row0);
   const int t_last = (u.row0 + u.rows - 1) / p.num_heads;
   u.kv_extent = row_kv_limit(u.kv_len, u.q_len, t_last);
   u.num_blocks = (u.kv_extent + kBlockN - 1) / kBlockN;
