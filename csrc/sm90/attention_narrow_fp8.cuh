@@ -516,9 +516,10 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
           const int c = 8 * t + 2 * q4 + (e & 1), v = v0 + 2 * i + (e >> 1);
           ob[c * kMergeStride + merge_swizzle(v)] = acc[i][4 * t + e];
         }
-    wg_barrier(wg);
-    if (tw < kN)
-      ss.l[wg][tw] = ss.colmax[wg][0][tw] + ss.colmax[wg][1][tw] + ss.colmax[wg][2][tw] + ss.colmax[wg][3][tw];
+    // Each reader sums the four warps' row sums itself (colmax, written before the barrier like m):
+    // racecheck flagged a row-sum array written by warpgroup 0 between a warpgroup barrier and
+    // this __syncthreads and read by warpgroup 1 after it (kN 32, H 128), though the barrier
+    // orders them in the SASS; this form has no such write.
     __syncthreads();
 
     // The 64-row epilogue's layout: rows r_a, r_b (Q rows here), this warpgroup's 256 columns.
@@ -535,7 +536,9 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
         f0 = exp2_approx(m0 - mx);
         f1 = exp2_approx(m1 - mx);
         mrow[h] = mx;
-        tot[h] = ss.l[0][r] * f0 + ss.l[1][r] * f1;
+        const float l0 = ss.colmax[0][0][r] + ss.colmax[0][1][r] + ss.colmax[0][2][r] + ss.colmax[0][3][r];
+        const float l1 = ss.colmax[1][0][r] + ss.colmax[1][1][r] + ss.colmax[1][2][r] + ss.colmax[1][3][r];
+        tot[h] = l0 * f0 + l1 * f1;
       }
 #pragma unroll
       for (int t = 0; t < kOCols / 8; ++t) {

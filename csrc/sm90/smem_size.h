@@ -65,9 +65,9 @@ struct NarrowFp8Smem {
   uint8_t kv[4][kFp8TileBytes];      // stages 2w, 2w + 1: warpgroup w's blocks, alternating
   uint8_t q[kNumBoxesQK][kN * 128];  // Q rows (kN, 576) f16, 9 swizzled boxes of (kN, 64), permuted
   uint8_t p[2][kN * 128];            // warpgroup w's P: (kN rows, 64 tokens) f16, swizzled, permuted
-  float colmax[2][4][kN];            // per warpgroup and warp: a block's column maxima / sums
+  float colmax[2][4][kN];            // per warpgroup and warp: a block's column maxima, or at
+                                     // the end of a unit the warp's row sums
   float m[2][kN];                    // end of a unit: each warpgroup's running max per row
-  float l[2][kN];                    // and its softmax sums
   int qexp[2][kN];                   // Q row c was stored as q * 2^-qexp[w][c] (f16 range), per warpgroup
   uint64_t bar[4][kNumBoxesQK];      // TMA mbarriers: [stage][box]
 };
