@@ -5,6 +5,9 @@
     python benchmarks/trace_phases.py --shape 8,1,128,4096 [--json out.json]
     git checkout csrc/common/probe.h && python -m jit_mla build --cubins   # restore
 
+Bits 4 and 5 together (e.g. 56) do not fit: their static shared memory pushes the seesaw kernel
+over the 227 KiB limit and the launcher's shared-memory attribute call fails; use 24 or 40.
+
 With bit 3 (8) of JIT_MLA_PROBE set, thread 0 of every CTA records its %globaltimer marks (ns)
 at the end of the kernel into global memory (csrc/common/probe.h), printed after the call by the
 cubin's mla_probe_dump (the launcher's probe_dump; the attention kernels never printf, which made
