@@ -516,10 +516,11 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
           const int c = 8 * t + 2 * q4 + (e & 1), v = v0 + 2 * i + (e >> 1);
           ob[c * kMergeStride + merge_swizzle(v)] = acc[i][4 * t + e];
         }
-    // Each reader sums the four warps' row sums itself (colmax, written before the barrier like m):
-    // racecheck flagged a row-sum array written by warpgroup 0 between a warpgroup barrier and
-    // this __syncthreads and read by warpgroup 1 after it (kN 32, H 128), though the barrier
-    // orders them in the SASS; this form has no such write.
+    // Each reader sums the four warps' row sums itself (in colmax, written before the barrier like
+    // m): one array and one warpgroup barrier fewer. Racecheck reports RAW hazards between
+    // warpgroup 0's last stores before this __syncthreads and warpgroup 1's reads after it at
+    // kN 32 (here and in the bf16 narrow kernel; not at kN 16), although the SASS has the
+    // barrier between them: open (docs/perf-notes.md, Session 8).
     __syncthreads();
 
     // The 64-row epilogue's layout: rows r_a, r_b (Q rows here), this warpgroup's 256 columns.
