@@ -213,19 +213,39 @@ int64_t workspace_size(int64_t batch, int64_t total_q, int64_t num_heads, int64_
 }
 
 // ---- kernels from the verified cubin -----------------------------------------------------------
+// The attention kernels of a cubin: one table of names and shared-memory sizes, used to look them
+// up, to raise their limits and to launch them.
+// kSeesaw: TMA + seesaw (page sizes 8..64 dividing 64, or multiples of 64); kAnyPage: cp.async
+// loads, any page size (1 included). Both merge their splits themselves (common/combine.cuh): one
+// launch per call. kNarrow16/32: TMA pages, transposed tiles for units of 16/32 rows; their _fp8
+// twins read a float8_e4m3fn cache (kept fp8 in shared memory, converted in registers), the
+// _fp8_any ones load it by cp.async for the page sizes TMA does not fit. The narrow ids are laid
+// out so that kNarrow16 + kNarrowFp8 (+ kNarrowFp8Any) + (32 rows) picks one.
+enum KernelId : int {
+  kSeesaw, kAnyPage,
+  kNarrow16, kNarrow32, kNarrow16Fp8, kNarrow32Fp8, kNarrow16Fp8Any, kNarrow32Fp8Any,
+  kNumKernels,
+};
+constexpr int kNarrowFp8 = kNarrow16Fp8 - kNarrow16, kNarrowFp8Any = kNarrow16Fp8Any - kNarrow16Fp8;
+struct KernelInfo {
+  const char* name;
+  int smem;  // dynamic shared memory bytes
+};
+const KernelInfo kKernelInfo[kNumKernels] = {
+    {"mla_sm90_attention", sm90::kSeesawSmemBytes},
+    {"mla_sm90_attention_any_page", sm90::kAttentionSmemBytes},
+    {"mla_sm90_attention_narrow16", sm90::narrow_smem_bytes<16>()},
+    {"mla_sm90_attention_narrow32", sm90::narrow_smem_bytes<32>()},
+    {"mla_sm90_attention_narrow16_fp8", sm90::narrow_fp8_smem_bytes<16>()},
+    {"mla_sm90_attention_narrow32_fp8", sm90::narrow_fp8_smem_bytes<32>()},
+    {"mla_sm90_attention_narrow16_fp8_any", sm90::narrow_fp8_smem_bytes<16>()},
+    {"mla_sm90_attention_narrow32_fp8_any", sm90::narrow_fp8_smem_bytes<32>()},
+};
+
 struct Kernels {
   std::string arch;
   cudaLibrary_t library = nullptr;
-  // attention: TMA + seesaw (page sizes 8..64 dividing 64, or multiples of 64);
-  // attention_any_page: cp.async loads, any page size (1 included). Both merge their splits
-  // themselves (common/combine.cuh): one launch per call.
-  // attention_narrow16/32: TMA pages, transposed tiles for units of at most 16/32 rows; their
-  // _fp8 twins read a float8_e4m3fn cache (kept fp8 in shared memory, converted in registers);
-  // the _fp8_any ones load it by cp.async for the page sizes TMA does not fit.
-  cudaKernel_t attention = nullptr, attention_any_page = nullptr;
-  cudaKernel_t attention_narrow16 = nullptr, attention_narrow32 = nullptr;
-  cudaKernel_t attention_narrow16_fp8 = nullptr, attention_narrow32_fp8 = nullptr;
-  cudaKernel_t attention_narrow16_fp8_any = nullptr, attention_narrow32_fp8_any = nullptr;  // cp.async pages
+  cudaKernel_t fn[kNumKernels] = {};
   std::vector<bool> ready;  // per device: arch checked, shared-memory limits raised
 };
 std::mutex g_mutex;
@@ -249,17 +269,9 @@ void load_cubin(String arch, Bytes data) {
   Kernels k;
   k.arch = std::string(arch);
   k.library = lib;
-  const auto get = [lib](cudaKernel_t* fn, const char* name) {
-    MLA_CUDA_CHECK(cudaLibraryGetKernel(fn, lib, name), std::string("cudaLibraryGetKernel(") + name + ")");
-  };
-  get(&k.attention, "mla_sm90_attention");
-  get(&k.attention_any_page, "mla_sm90_attention_any_page");
-  get(&k.attention_narrow16, "mla_sm90_attention_narrow16");
-  get(&k.attention_narrow32, "mla_sm90_attention_narrow32");
-  get(&k.attention_narrow16_fp8, "mla_sm90_attention_narrow16_fp8");
-  get(&k.attention_narrow32_fp8, "mla_sm90_attention_narrow32_fp8");
-  get(&k.attention_narrow16_fp8_any, "mla_sm90_attention_narrow16_fp8_any");
-  get(&k.attention_narrow32_fp8_any, "mla_sm90_attention_narrow32_fp8_any");
+  for (int id = 0; id < kNumKernels; ++id)
+    MLA_CUDA_CHECK(cudaLibraryGetKernel(&k.fn[id], lib, kKernelInfo[id].name),
+                   std::string("cudaLibraryGetKernel(") + kKernelInfo[id].name + ")");
   if (g_kernels.library != nullptr) cudaLibraryUnload(g_kernels.library);
   g_kernels = k;
 }
@@ -324,19 +336,11 @@ const Kernels& kernels_for_device(int device) {
     MLA_CHECK(major == 9 && minor == 0, RuntimeError)
         << "jit_mla's kernels need an sm_90a GPU (Hopper, compute capability 9.0); cuda:" << device
         << " is sm_" << major << minor;
-    const std::pair<cudaKernel_t, int> limits[] = {
-        {g_kernels.attention, sm90::kSeesawSmemBytes},
-        {g_kernels.attention_any_page, sm90::kAttentionSmemBytes},
-        {g_kernels.attention_narrow16, sm90::narrow_smem_bytes<16>()},
-        {g_kernels.attention_narrow32, sm90::narrow_smem_bytes<32>()},
-        {g_kernels.attention_narrow16_fp8, sm90::narrow_fp8_smem_bytes<16>()},
-        {g_kernels.attention_narrow32_fp8, sm90::narrow_fp8_smem_bytes<32>()},
-        {g_kernels.attention_narrow16_fp8_any, sm90::narrow_fp8_smem_bytes<16>()},
-        {g_kernels.attention_narrow32_fp8_any, sm90::narrow_fp8_smem_bytes<32>()},
-    };
-    for (const auto& [fn, bytes] : limits)
-      MLA_CUDA_CHECK(cudaKernelSetAttributeForDevice(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes, device),
-                     "raising an attention kernel's shared-memory limit to " + std::to_string(bytes) + " bytes");
+    for (int id = 0; id < kNumKernels; ++id)
+      MLA_CUDA_CHECK(cudaKernelSetAttributeForDevice(g_kernels.fn[id], cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                     kKernelInfo[id].smem, device),
+                     "raising an attention kernel's shared-memory limit to " + std::to_string(kKernelInfo[id].smem) +
+                         " bytes");
     g_kernels.ready[device] = true;
   }
   return g_kernels;
@@ -561,7 +565,7 @@ void run_attention(TensorView out, Optional<TensorView> lse, TensorView query, T
   const int64_t rows_hint = (cum_seq_lens_q.has_value() ? max_q_len : q_len) * num_heads;
   const bool use_tma = tma_page_size(page_size);
   const bool narrow = kv_fp8 || (use_tma && rows_hint >= 1 && rows_hint <= 32);
-  const int unit_rows = !narrow ? kBlockM : rows_hint >= 1 && rows_hint <= 16 ? 16 : 32;
+  const int unit_rows_log2 = !narrow ? 6 : rows_hint >= 1 && rows_hint <= 16 ? 4 : 5;  // 64, 16, 32 rows
   MLA_CHECK(reinterpret_cast<uintptr_t>(data_of(key_cache)) % 16 == 0, ValueError)
       << "kv_cache's data pointer must be 16-byte aligned, got address 0x" << std::hex
       << reinterpret_cast<uintptr_t>(data_of(key_cache)) << std::dec << " (offset "
@@ -588,7 +592,8 @@ void run_attention(TensorView out, Optional<TensorView> lse, TensorView query, T
   check_scale_device(s1, dev, "bmm1_scale");
   check_scale_device(s2, dev, "bmm2_scale");
 
-  if (sm_count <= 0) sm_count = device_sm_count(dev.device_id);
+  const bool sm_count_given = sm_count > 0;
+  if (!sm_count_given) sm_count = device_sm_count(dev.device_id);
   WorkspaceLayout ws = workspace_layout(batch_size, total_q, num_heads, sm_count);
   MLA_CHECK(static_cast<int64_t>(ws.total) <= workspace_size_bytes, ValueError)
       << "workspace_buffer is too small: this call needs " << ws.total << " bytes (batch_size="
@@ -599,11 +604,11 @@ void run_attention(TensorView out, Optional<TensorView> lse, TensorView query, T
   // ---- 1d. arch (and kernels) -----------------------------------------------------------------
   const Kernels& k = kernels_for_device(dev.device_id);
   if (batch_size == 0 || total_q == 0) return;  // nothing to compute, nothing to write
-  const int64_t device_sms = device_sm_count(dev.device_id);
+  const int64_t device_sms = sm_count_given ? device_sm_count(dev.device_id) : sm_count;
   // One CTA per SM, all resident at once (cooperative launch): never more CTAs than the device
   // has SMs. The workspace was checked for the caller's sm_count; fewer CTAs need less of it.
   if (sm_count > device_sms) ws = workspace_layout(batch_size, total_q, num_heads, device_sms);
-  const CtaPlan ctas = cta_plan(num_heads, unit_rows, std::min(sm_count, device_sms));
+  const CtaPlan ctas = cta_plan(num_heads, 1 << unit_rows_log2, std::min(sm_count, device_sms));
 
   // ---- 2. device guard and stream ---------------------------------------------------------------
   tvm::ffi::CUDADeviceGuard guard(dev.device_id);
@@ -642,30 +647,17 @@ void run_attention(TensorView out, Optional<TensorView> lse, TensorView query, T
   p.max_groups = static_cast<int>(max_units);
   p.m_group = ctas.m_group;
   p.num_ctas = ctas.num_ctas;
-  p.unit_rows_log2 = unit_rows == 16 ? 4 : unit_rows == 32 ? 5 : 6;
+  p.unit_rows_log2 = unit_rows_log2;
   p.num_pages = static_cast<int>(key_cache.size(0));
   p.kv_box_rows = static_cast<int>(std::min<int64_t>(page_size, kBlockN));
   if (use_tma) p.kv_tmap = kv_tensor_map(p.kv, key_cache.size(0), page_size, row_stride, page_stride, kv_fp8);
 
   // ---- 4. launch: one kernel (each CTA plans, attends, then merges splits), PDL when enabled ---
-  // (narrow and unit_rows: worked out with the kv_cache checks above.)
-  struct Pick {
-    cudaKernel_t fn;
-    int smem;
-    const char* name;
-  };
-  const bool n16 = unit_rows == 16;
-  const Pick pick =
-      !narrow  ? (use_tma ? Pick{k.attention, sm90::kSeesawSmemBytes, "mla_sm90_attention"}
-                          : Pick{k.attention_any_page, sm90::kAttentionSmemBytes, "mla_sm90_attention_any_page"})
-      : kv_fp8 && !use_tma
-          ? (n16 ? Pick{k.attention_narrow16_fp8_any, sm90::narrow_fp8_smem_bytes<16>(), "mla_sm90_attention_narrow16_fp8_any"}
-                 : Pick{k.attention_narrow32_fp8_any, sm90::narrow_fp8_smem_bytes<32>(), "mla_sm90_attention_narrow32_fp8_any"})
-      : kv_fp8 ? (n16 ? Pick{k.attention_narrow16_fp8, sm90::narrow_fp8_smem_bytes<16>(), "mla_sm90_attention_narrow16_fp8"}
-                      : Pick{k.attention_narrow32_fp8, sm90::narrow_fp8_smem_bytes<32>(), "mla_sm90_attention_narrow32_fp8"})
-               : (n16 ? Pick{k.attention_narrow16, sm90::narrow_smem_bytes<16>(), "mla_sm90_attention_narrow16"}
-                      : Pick{k.attention_narrow32, sm90::narrow_smem_bytes<32>(), "mla_sm90_attention_narrow32"});
-  launch(pick.fn, p.num_ctas, kNumThreads, pick.smem, stream, enable_pdl, &p, pick.name);
+  // (narrow and unit_rows_log2: worked out with the kv_cache checks above.)
+  const int id = !narrow ? (use_tma ? kSeesaw : kAnyPage)
+                         : (unit_rows_log2 == 4 ? kNarrow16 : kNarrow32) +
+                               (kv_fp8 ? kNarrowFp8 + (use_tma ? 0 : kNarrowFp8Any) : 0);
+  launch(k.fn[id], p.num_ctas, kNumThreads, kKernelInfo[id].smem, stream, enable_pdl, &p, kKernelInfo[id].name);
 }
 
 // ---- entry 1: FlashInfer's trtllm-gen launcher arguments, plus lse -------------------------------
