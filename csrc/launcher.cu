@@ -413,7 +413,8 @@ std::vector<TmapEntry> g_tmaps;
 constexpr size_t kMaxTmaps = 128;
 
 // bf16: boxes of (rows, 64) land 128-byte swizzled, as the wgmma reads them. fp8 (e4m3 as bytes):
-// boxes of (rows, 64) bytes land unswizzled, rows 64 bytes apart, as the fp8 kernel loads them.
+// boxes of (rows, 64) bytes land 64-byte swizzled, rows 64 bytes apart, as the fp8 kernel's
+// wgmmas (K) and loads (V) read them.
 CUtensorMap kv_tensor_map(const void* ptr, int64_t pages, int64_t page_size, int64_t row_stride,
                           int64_t page_stride, bool fp8) {
   std::lock_guard<std::mutex> lock(g_tmap_mutex);
@@ -431,7 +432,7 @@ CUtensorMap kv_tensor_map(const void* ptr, int64_t pages, int64_t page_size, int
   const CUresult r = encode_tiled()(&e.map, fp8 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
                                     3, const_cast<void*>(ptr), dims, strides, box, elem_strides,
                                     CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                    fp8 ? CU_TENSOR_MAP_SWIZZLE_NONE : CU_TENSOR_MAP_SWIZZLE_128B,
+                                    fp8 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B,
                                     CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   MLA_CHECK(r == CUDA_SUCCESS, RuntimeError)
       << "cuTensorMapEncodeTiled for kv_cache failed (CUresult " << int(r) << "): pages " << pages

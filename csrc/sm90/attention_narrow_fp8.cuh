@@ -1,35 +1,28 @@
 // The narrow kernel (attention_narrow.cuh: transposed tiles, units of at most kN = 16 or 32 rows)
-// for a float8_e4m3fn KV cache and a bf16 query. The cache stays fp8 in shared memory and goes
-// to the tensor cores through registers (wgmma with A from registers, f16 inputs):
-//   S^T = K Q^T     A = K: each thread loads its rows' e4m3 bytes and converts them to f16 (exact:
-//                   f16 holds every e4m3 value); B = Q in f16
-//   O^T += V^T P^T  A = V^T: each thread loads 16 V columns of 4 tokens and transposes the bytes
-//                   (prmt) into fragments; B = 2^15 P in f16 (P in [0, 1]: f16's 11 bits down
-//                   to P = 2^-29, where bf16 keeps 8)
+// for a float8_e4m3fn KV cache and a bf16 query. The cache stays fp8 in shared memory (boxes of
+// 64 tokens x 64 bytes in the 64B swizzle, as TMA writes them):
+//   S^T = K Q^T     fp8 wgmma, both operands from shared memory: A = the K boxes as they landed,
+//                   B = Q split into two e4m3 rows per query row (hi, lo: exact for bf16, see
+//                   load_q_rows_e4m3), N = 2 kN; s = S_hi + S_lo / 16. No conversion of K.
+//   O^T += V^T P^T  f16 wgmma, A = V^T from registers: each thread loads 16 V columns of 4
+//                   tokens, transposes the bytes (prmt) and converts them to f16 (exact); B = 2^15
+//                   P in f16 (P in [0, 1]: f16's 11 bits down to P = 2^-29, where bf16 keeps 8)
 // Against converting each block to bf16 in shared memory, this halves the shared-memory traffic
 // per block (no bf16 tile written and re-read by the wgmmas) and the stage size, so each
 // warpgroup keeps two blocks in flight (smem_size.h, NarrowFp8Smem).
 // kTma: the blocks land by TMA (page sizes 8, 16, 32, 64 or multiples of 64, as the bf16 narrow
-// kernel); else by cp.async, each thread copying half a token row (any page size, 1 included), its
-// copies arriving on the stage's mbarrier when complete (expected count 128).
+// kernel); else by cp.async, each thread copying half a token row (any page size, 1 included) into
+// the same swizzled layout, its copies arriving on the stage's mbarrier when complete (expected
+// count 128).
 //
-// Permutations. A dot product does not care about the order of its terms, and wgmma's fragment
-// layout does not match the bytes a thread can load at once. So the reduction dimension is
-// permuted, the same way in A and B:
-//   QK^T k-step s = 4 b + u (box b, 64 columns): thread q (lane % 4) holds at fragment positions
-//     2q, 2q + 1 the columns 64 b + 16 q + 4 u + {0, 1}, and at 2q + 8, 2q + 9 those + {2, 3}: one
-//     16-byte load per row gives 4 k-steps. Q is stored with the same permutation (q_position).
-//   PV k-step s: thread q holds at positions 2q, 2q + 1, 2q + 8, 2q + 9 the tokens
-//     16 s + q + 4 {0, 1, 2, 3} (token rows of one load are 64 bytes apart, so a warp's loads
-//     hit 8 distinct 16-byte bank groups). P is stored with the same permutation (p_position).
+// Permutations (PV only). A dot product does not care about the order of its terms, and wgmma's
+// fragment layout does not match the bytes a thread can load at once. So the reduction dimension
+// is permuted, the same way in A and B:
+//   PV k-step s: thread q (lane % 4) holds at positions 2q, 2q + 1, 2q + 8, 2q + 9 the tokens
+//     16 s + q + 4 {0, 1, 2, 3}. P is stored with the same permutation (p_position).
 // and the M dimension of PV (V columns) too, undone when O is written: thread (warp w, row r =
 // lane / 4) loads V columns 16 (8 w + r) + [0, 16); column 16 (8 w + r) + 2 i + h is row r + 8 h of
 // its slice of tile i (the epilogue writes it back to column v0 + 2 i + (e >> 1)).
-//
-// Q in f16: row c is stored as q * 2^-e_c with e_c from the row's largest |q| (the largest then
-// lands in [2^15, 2^16), below f16's 65504 for any bf16 value), and 2^e_c goes into that row's
-// score scale. e_c is clamped to [-126, 126] (2^e and 2^-e stay normal floats): every finite
-// bf16 row fits (e <= 112); rows whose largest |q| is below 2^-111 lose digits.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -86,6 +79,61 @@ struct WgmmaRsF16<32> {
   }
 };
 
+// D(64 x N, fp32) (+)= A(64 x 32, e4m3, shared memory) * B(N x 32, e4m3, shared memory), both
+// K-major (fp8 wgmma takes no transposed operand).
+template <int N>
+struct WgmmaSsE4m3;
+
+template <>
+struct WgmmaSsE4m3<32> {
+  static __device__ __forceinline__ void mma(float (&d)[16], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %18, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1;\n"
+        "}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+  }
+};
+
+template <>
+struct WgmmaSsE4m3<64> {
+  static __device__ __forceinline__ void mma(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
+        "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1;\n"
+        "}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+  }
+};
+
+// Shared-memory descriptor of a K-major operand in the 64B swizzle (rows of 64 bytes, 8-row atoms
+// of 512 bytes: SBO 512, LBO unused; layout type 2 in bits 62-63).
+__device__ __forceinline__ uint64_t make_smem_desc_sw64(uint32_t smem_addr) {
+  uint64_t desc = 0;
+  desc |= (uint64_t)((smem_addr & 0x3FFFF) >> 4);
+  desc |= (uint64_t)1 << 16;
+  desc |= (uint64_t)(512 >> 4) << 32;
+  desc |= (uint64_t)2 << 62;
+  return desc;
+}
+
+// Byte offset of 16-byte chunk `chunk` (0..3) of row r in a 64B-swizzled box (rows of 64 bytes):
+// the chunk index is XORed with bits 1-2 of the row, as TMA's 64B swizzle writes it.
+__device__ __forceinline__ int sw64(int r, int chunk) { return r * 64 + ((chunk ^ ((r >> 1) & 3)) << 4); }
+
 // Four e4m3 (one word, byte 0 first) -> two f16x2: bytes 0-1 in `lo`, 2-3 in `hi` (lower byte in
 // the lower half), exactly.
 __device__ __forceinline__ void e4m3x4_to_f16x4(uint32_t w, uint32_t& lo, uint32_t& hi) {
@@ -109,11 +157,6 @@ __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
-// Column position (0..63) inside a Q box of the box's column j (QK^T permutation, header).
-__device__ __forceinline__ int q_position(int j) {
-  const int q = j >> 4, u = (j >> 2) & 3, jj = j & 3;
-  return 16 * u + 2 * q + (jj < 2 ? jj : 6 + jj);
-}
 // Column position (0..63) in P of token t of the block (PV permutation, header).
 __device__ __forceinline__ int p_position(int t) {
   const int q = t & 3, jj = (t >> 2) & 3;
@@ -128,14 +171,39 @@ __device__ __forceinline__ float exp2_int(int e) { return __int_as_float((127 + 
 // stays: float2 pairs stay adjacent).
 __device__ __forceinline__ int merge_swizzle(int v) { return v ^ (2 * ((v >> 4) & 7)); }
 
-// Q rows [row_base, row_base + rows) -> sQ as f16, permuted, row c scaled by 2^-e_c; rows past
-// `rows` zero. Each warpgroup finds e_c of every row itself (into its own qexp row, read only by
-// its own threads) and stores half of the rows: thread tw takes row tw / kP, 16-byte chunks
-// tw % kP + kP k.
+// Two e4m3 from floats (x0 in the low byte), rounded to nearest; out of range saturates to +-448
+// (the caller keeps its values below 2^8 + 2^4).
+__device__ __forceinline__ uint32_t f32x2_to_e4m3x2(float x0, float x1) {
+  uint16_t d;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(d) : "f"(x1), "f"(x0));
+  return d;
+}
+// Two e4m3 (low 16 bits) back to floats, exactly.
+__device__ __forceinline__ float2 e4m3x2_to_f32x2(uint32_t v) {
+  uint32_t h;
+  asm("{\n.reg .b16 l;\ncvt.u16.u32 l, %1;\ncvt.rn.f16x2.e4m3x2 %0, l;\n}\n" : "=r"(h) : "r"(v));
+  return __half22float2(*reinterpret_cast<const __half2*>(&h));
+}
+
+// Q row c is split into two e4m3 rows: hi = e4m3(q 2^-e_c) and lo = e4m3(16 (q 2^-e_c - hi)), so
+// that q 2^-e_c = hi + lo / 16 exactly for every bf16 element down to ~2^-13 of the row's
+// largest (bf16 has 8 significant bits; hi keeps the top 4, the rest has at most 4); e_c puts the
+// row's largest |q| in [2^7, 2^8), below e4m3's 448. S^T = K [hi; lo]^T is then one fp8 wgmma of
+// N = 2 kN, and s = S_hi + S_lo / 16.
+constexpr float kQLoScale = 16.f;
+// qexp of a row holding inf or NaN: its scores are made NaN (e4m3 saturates inf; the reference
+// gives NaN there).
+constexpr int kQexpNonFinite = 1 << 30;
+
+// Q rows [row_base, row_base + rows) -> sQ as (2 kN rows: hi rows 0..kN-1, lo rows kN..2kN-1,
+// 576) e4m3, 9 boxes of (2 kN, 64) bytes in the 64B swizzle; rows past `rows` zero. Each
+// warpgroup finds e_c of every row itself (into its own qexp row, read only by its own threads)
+// and stores half of the rows: thread tw takes row tw / kP, 16-byte chunks tw % kP + kP k.
 template <int kN>
-__device__ __forceinline__ void load_q_rows_f16(uint8_t* sQ, int* qexp, const MlaParams& p, long long row_base,
-                                                int rows, int wg) {
+__device__ __forceinline__ void load_q_rows_e4m3(uint8_t* sQ, int* qexp, const MlaParams& p, long long row_base,
+                                                 int rows, int wg) {
   constexpr int kP = 128 / kN, kChunks = kHeadDimQK / 8 / kP;  // threads per row, chunks per thread
+  constexpr int kQBox = 2 * kN * 64;                           // bytes of one Q box
   const int tw = threadIdx.x & 127, c = tw / kP, part = tw % kP;
   const bool valid = c < rows;
   const uint4* src = reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(p.q) +
@@ -153,24 +221,36 @@ __device__ __forceinline__ void load_q_rows_f16(uint8_t* sQ, int* qexp, const Ml
   }
 #pragma unroll
   for (int m = 1; m < kP; m *= 2) amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, m));
-  // e = floor(log2 max|q|) - 15: the largest lands in [2^15, 2^16). Clamped so that 2^e and 2^-e
-  // are normal floats (an all-zero row: any e; inf or NaN stay what they are).
-  const int e = min(max((int)(amax >> 23) - 127 - 15, -126), 126);
-  if (part == 0) qexp[c] = e;
+  // e = floor(log2 max|q|) - 7: the largest lands in [2^7, 2^8). Clamped so that 2^e and 2^-e are
+  // normal floats (an all-zero row: any e).
+  const bool finite = amax < 0x7f800000u;
+  const int e = min(max((int)(amax >> 23) - 127 - 7, -126), 126);
+  if (part == 0) qexp[c] = finite ? e : kQexpNonFinite;
   if (c / (kN / 2) != wg) return;  // the other warpgroup stores this row (warp-uniform)
   const float down = exp2_int(-e);
 #pragma unroll
   for (int k = 0; k < kChunks; ++k) {
-    // Chunk part + kP k: columns 8 (part + kP k) + [0, 8) = box b, in-box columns j0 .. j0 + 7.
+    // Chunk part + kP k: columns 8 (part + kP k) + [0, 8) = box b, in-box bytes j0 .. j0 + 7.
     const int col = 8 * (part + kP * k), b = col >> 6, j0 = col & 63;
-    uint8_t* box = sQ + b * kN * 128;
+    uint32_t hi[2], lo[2];
 #pragma unroll
-    for (int w = 0; w < 4; ++w) {
-      const uint32_t x = word(v[k], w);
-      const __half2 h = __floats2half2_rn(__uint_as_float(x << 16) * down, __uint_as_float(x & 0xffff0000u) * down);
-      const int pos = q_position(j0 + 2 * w);  // a pair of columns stays a pair (even position)
-      *reinterpret_cast<__half2*>(box + swizzled(c, pos >> 3) + 2 * (pos & 7)) = h;
+    for (int h = 0; h < 2; ++h) {
+      uint32_t hb[2], lb[2];
+#pragma unroll
+      for (int w2 = 0; w2 < 2; ++w2) {
+        const uint32_t x = word(v[k], 2 * h + w2);
+        const float x0 = __uint_as_float(x << 16) * down, x1 = __uint_as_float(x & 0xffff0000u) * down;
+        hb[w2] = f32x2_to_e4m3x2(x0, x1);
+        const float2 hf = e4m3x2_to_f32x2(hb[w2]);
+        lb[w2] = f32x2_to_e4m3x2((x0 - hf.x) * kQLoScale, (x1 - hf.y) * kQLoScale);
+      }
+      hi[h] = hb[0] | (hb[1] << 16);
+      lo[h] = lb[0] | (lb[1] << 16);
     }
+    uint8_t* box = sQ + b * kQBox;
+    const int in_chunk = j0 & 15;
+    *reinterpret_cast<uint2*>(box + sw64(c, j0 >> 4) + in_chunk) = make_uint2(hi[0], hi[1]);
+    *reinterpret_cast<uint2*>(box + sw64(kN + c, j0 >> 4) + in_chunk) = make_uint2(lo[0], lo[1]);
   }
 }
 
@@ -213,11 +293,13 @@ __device__ __forceinline__ void issue_kv_fp8_cp(const MlaParams& p, uint32_t sta
   const uint8_t* src = static_cast<const uint8_t*>(p.kv);
   if (valid)
     src += (long long)page * p.kv_page_stride + (long long)page_row(block * kBlockN + t, p.page_size) * p.kv_row_stride;
-  const uint32_t dst = stage + t * kBoxCols;
+  // In-box destinations in the 64B swizzle (the layout TMA writes and the wgmmas read).
+  const int dst0 = sw64(t, off0 >> 4), dst1 = sw64(t, off1 >> 4);
 #pragma unroll
   for (int j = 0; j < 18; ++j) {
     const int off = (j & 1) ? off1 : off0;
-    cp_async_16_evict_first(dst + (j >> 1) * kFp8BoxBytes + off, src + 32 * (j & ~1) + off, valid, policy);
+    cp_async_16_evict_first(stage + (j >> 1) * kFp8BoxBytes + ((j & 1) ? dst1 : dst0), src + 32 * (j & ~1) + off,
+                            valid, policy);
   }
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
@@ -232,7 +314,7 @@ template <int kN, bool kTma>
 __device__ void attention_narrow_fp8(const MlaParams& p) {
   constexpr int kT = kN / 8;    // column octets per thread: columns 8t + 2 q4 + {0, 1}
   constexpr int kAcc = kN / 2;  // fp32 registers of one m64nN accumulator
-  constexpr int kChains = kN == 16 ? 3 : 2;  // QK^T accumulators (registers: kN 32 has fewer left)
+  constexpr int kChains = kN == 16 ? 2 : 1;  // QK^T accumulators (registers: kN 32 has fewer left)
   constexpr float kPShift = 15.f;              // P is stored as 2^15 P (log2 units; see the softmax)
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw_addr = smem_u32(smem_raw);
@@ -244,6 +326,12 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
   const int warp = tw / 32;
   const int r_a = 16 * warp + r8, r_b = r_a + 8;  // S^T accumulator rows: tokens
   const uint32_t sQ = smem_u32(ss.q), sP = smem_u32(ss.p[wg]);
+  // V^T loads: this thread's 16-byte chunk (V columns 16 (8 warp + r8) + [0, 16)) of token rows
+  // 16 s + q4 + 4 jj, in the stage's 64B swizzle (bits 1-2 of the row do not depend on s).
+  const int vbox_off = (2 * warp + (r8 >> 2)) * kFp8BoxBytes;
+  int voff[4];
+#pragma unroll
+  for (int jj = 0; jj < 4; ++jj) voff[jj] = vbox_off + sw64(q4 + 4 * jj, r8 & 3);
 
   if (tid == 0) {
     // TMA: one arrival (the expect_tx) per box; cp.async: one per thread of the warpgroup, on box 0's.
@@ -291,7 +379,7 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
         }
       }
     }
-    load_q_rows_f16<kN>(&ss.q[0][0], ss.qexp[wg], p, unit.q_row_base, unit.rows, wg);
+    load_q_rows_e4m3<kN>(&ss.q[0][0], ss.qexp[wg], p, unit.q_row_base, unit.rows, wg);
     fence_proxy_async_smem();
     __syncthreads();
 
@@ -304,10 +392,12 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
       for (int e = 0; e < 2; ++e) {
         const int c = 8 * t + 2 * q4 + e;
         lim[t][e] = unit_row_limit(p, unit, c);
-        sl[t][e] = scale_log2 * exp2_int(ss.qexp[wg][c]);
+        const int qe = ss.qexp[wg][c];
+        sl[t][e] = qe == kQexpNonFinite ? __int_as_float(0x7fffffff) : scale_log2 * exp2_int(qe);
         m_run[t][e] = kMaxInit;
         l_run[t][e] = 0.f;
       }
+    const uint64_t dq = make_smem_desc_sw64(sQ), dp = make_smem_desc(sP, 16, 1024);
     float acc[8][kAcc];  // O^T: tile i, rows r_a / r_b of this thread's slice: V columns
                          // 16 (8 warp + r8) + 2 i + 0 / 1
 #pragma unroll
@@ -327,45 +417,43 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
       if constexpr (kTma) refill_page = tw < 32 && refill ? block_pages(p, bt_row, kb + 4, kv_len) : p.num_pages;
       tl_mark(kTlNBlockStart, loads);
 
-      // ---- S^T = K Q^T: per box, this thread's two token rows (16 bytes each: 4 k-steps) ----
-      // One commit group per box; a box's A registers are rewritten two boxes later, after
-      // wgmma_wait<1> has retired its group.
+      // ---- S^T = K [Q_hi; Q_lo]^T: fp8 wgmmas straight from the stage, 2 k-steps per box ------
       // The k-steps alternate over kChains accumulators, summed at the end: wgmmas into one
-      // accumulator run one after another, so a single chain of 36 would set the pace.
-      float stc[kChains][kAcc];
+      // accumulator run one after another.
+      // Descriptors advance by one add per k-step (desc_add).
+      float stc[kChains][2 * kAcc];
+      const uint64_t da = make_smem_desc_sw64(smem_u32(kv));
+      wgmma_fence();
 #pragma unroll
       for (int b = 0; b < kNumBoxesQK; ++b) {
         if (kTma || b == 0) kv_wait(bars + 8 * b, par, kSiteQkBox);  // cp.async: the whole block on box 0's
-        const uint4 ka = *reinterpret_cast<const uint4*>(kv + b * kFp8BoxBytes + r_a * kBoxCols + 16 * q4);
-        const uint4 kc = *reinterpret_cast<const uint4*>(kv + b * kFp8BoxBytes + r_b * kBoxCols + 16 * q4);
-        if (b >= 2) wgmma_wait<1>();
-        uint32_t a[4][4];
 #pragma unroll
-        for (int u = 0; u < 4; ++u) {
-          e4m3x4_to_f16x4(word(ka, u), a[u][0], a[u][2]);
-          e4m3x4_to_f16x4(word(kc, u), a[u][1], a[u][3]);
+        for (int u = 0; u < 2; ++u) {
+          const int ks = 2 * b + u;
+          WgmmaSsE4m3<2 * kN>::mma(stc[ks % kChains], desc_add(da, b * kFp8BoxBytes + 32 * u),
+                                   desc_add(dq, b * (2 * kN * 64) + 32 * u), ks < kChains ? 0 : 1);
         }
-        wgmma_fence();  // the A registers are written before the wgmmas read them
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {
-          const int ks = 4 * b + u;
-          WgmmaRsF16<kN>::mma(stc[ks % kChains], a[u], make_smem_desc(sQ + b * kN * 128 + u * 32, 16, 1024),
-                              ks < kChains ? 0 : 1);
-        }
-        wgmma_commit();
       }
+      wgmma_commit();
       wgmma_wait<0>();
       tl_mark(kTlNQkDone, loads);
       if constexpr (!kTma) refill_page = refill ? token_page(p, bt_row, kb + 4, kv_len) : p.num_pages;
+      // s = S_hi + S_lo / 16: column octet t of hi, t + kT of lo, in the same thread.
       float st[kAcc];
 #pragma unroll
       for (int c = 0; c < kChains; ++c) fence_regs(stc[c]);
 #pragma unroll
-      for (int j = 0; j < kAcc; ++j) {
-        st[j] = stc[0][j];
+      for (int t = 0; t < kT; ++t)
 #pragma unroll
-        for (int c = 1; c < kChains; ++c) st[j] += stc[c][j];
-      }
+        for (int e = 0; e < 4; ++e) {
+          float hi = stc[0][4 * t + e], lo = stc[0][4 * (t + kT) + e];
+#pragma unroll
+          for (int c = 1; c < kChains; ++c) {
+            hi += stc[c][4 * t + e];
+            lo += stc[c][4 * (t + kT) + e];
+          }
+          st[4 * t + e] = fmaf(lo, 1.f / kQLoScale, hi);
+        }
 
       // ---- mask, scale to log2, column maxima over the block's 64 tokens --------------------
       const int tok_a = kb * kBlockN + r_a, tok_b = kb * kBlockN + r_b;
@@ -423,28 +511,29 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[i][4 * t + e] *= sc[t][e & 1];
       }
+      // Token rows past kv_len hold anything (NaN included) and P = 0 does not cancel 0 * NaN:
+      // in the last block their V bytes are zeroed here (QK^T is done with the stage; the barrier
+      // below publishes them with sP). cp.async: they arrived zero-filled.
+      if (kTma && (kb + 1) * kBlockN > kv_len) {
+        const int first = kv_len - kb * kBlockN, n = (kBlockN - first) * 8 * 4;  // 16-byte chunks
+        for (int i = tw; i < n; i += 128)
+          *reinterpret_cast<uint4*>(const_cast<uint8_t*>(kv) + (i & 7) * kFp8BoxBytes + (first + (i >> 5)) * kBoxCols +
+                                    ((i >> 3) & 3) * 16) = make_uint4(0, 0, 0, 0);
+      }
       fence_proxy_async_smem();
-      wg_barrier(wg);  // sP complete; colmax read by every warp
+      wg_barrier(wg);  // sP and the zeroed tail complete; colmax read by every warp
       tl_mark(kTlNPShared, loads);
 
       // ---- O^T += V^T P^T: per k-step, 16 V columns x 4 tokens per thread, byte-transposed -----
-      // Token rows past kv_len hold anything (NaN included) and P = 0 does not cancel 0 * NaN:
-      // they are zeroed in registers. kG commit groups per k-step (8 / kG tiles each), at most two
-      // in flight, so a group's A registers are free when they are rewritten (kN 32 with four
-      // groups of two tiles spilled more: 56 -> 120 bytes).
+      // kG commit groups per k-step (8 / kG tiles each), at most two in flight, so a group's A
+      // registers are free when they are rewritten (kN 32 with four groups of two tiles spilled
+      // more: 56 -> 120 bytes).
       constexpr int kG = 2, kTiles = 8 / kG;
-      // (cp.async: tokens past kv_len arrive zero-filled already.)
-      const bool tail = kTma && (kb + 1) * kBlockN > kv_len;
-      const uint8_t* vcol = kv + (2 * warp + (r8 >> 2)) * kFp8BoxBytes + 16 * (r8 & 3);
 #pragma unroll
       for (int s = 0; s < 4; ++s) {
         uint4 vt[4];  // token 16 s + q4 + 4 jj, V columns 16 (8 warp + r8) + [0, 16)
 #pragma unroll
-        for (int jj = 0; jj < 4; ++jj) {
-          const int t = 16 * s + q4 + 4 * jj;
-          vt[jj] = *reinterpret_cast<const uint4*>(vcol + t * kBoxCols);
-          if (tail && kb * kBlockN + t >= kv_len) vt[jj] = make_uint4(0, 0, 0, 0);
-        }
+        for (int jj = 0; jj < 4; ++jj) vt[jj] = *reinterpret_cast<const uint4*>(kv + voff[jj] + 16 * s * kBoxCols);
 #pragma unroll
         for (int g = 0; g < kG; ++g) {
           if (kG * s + g >= 2) wgmma_wait<1>();
@@ -461,7 +550,7 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
             e4m3x4_to_f16x4(prmt(w2, w3, 0x7362), a[2 * x + 1][2], a[2 * x + 1][3]);
           }
           wgmma_fence();
-          const uint64_t db = make_smem_desc(sP + s * 32, 16, 1024);
+          const uint64_t db = desc_add(dp, s * 32);
 #pragma unroll
           for (int i = 0; i < kTiles; ++i) WgmmaRsF16<kN>::mma(acc[kTiles * g + i], a[i], db, 1);
           wgmma_commit();

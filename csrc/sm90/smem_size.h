@@ -56,19 +56,20 @@ static_assert(narrow_smem_bytes<32>() + 128 <= 227 * 1024, "shared memory over t
 // The fp8 narrow kernel (attention_narrow_fp8.cuh): KV blocks stay fp8 in shared memory (9
 // unswizzled boxes of (64 tokens, 64) e4m3, 36 KiB) and reach the tensor cores through registers,
 // so a stage is half a bf16 one and each warpgroup keeps two blocks in flight: stages 2w and 2w + 1
-// (contiguous: together they hold the warpgroup's (kN, 512) fp32 O at the end of a unit). Q and P
-// are f16 with permuted columns (the kernel's header says why).
+// (contiguous: together they hold the warpgroup's (kN, 512) fp32 O at the end of a unit). Q is
+// two e4m3 rows per query row (hi, lo) in the 64B swizzle; P is f16 with permuted columns (the
+// kernel's header says why).
 constexpr int kFp8BoxBytes = kBlockN * kBoxCols;               // 4 KiB
 constexpr int kFp8TileBytes = kNumBoxesQK * kFp8BoxBytes;      // 36 KiB
 template <int kN>
 struct NarrowFp8Smem {
   uint8_t kv[4][kFp8TileBytes];      // stages 2w, 2w + 1: warpgroup w's blocks, alternating
-  uint8_t q[kNumBoxesQK][kN * 128];  // Q rows (kN, 576) f16, 9 swizzled boxes of (kN, 64), permuted
+  uint8_t q[kNumBoxesQK][kN * 128];  // Q as (2 kN rows: hi, lo; 576) e4m3, 9 boxes of (2 kN, 64) bytes
   uint8_t p[2][kN * 128];            // warpgroup w's P: (kN rows, 64 tokens) f16, swizzled, permuted
   float colmax[2][4][kN];            // per warpgroup and warp: a block's column maxima, or at
                                      // the end of a unit the warp's row sums
   float m[2][kN];                    // end of a unit: each warpgroup's running max per row
-  int qexp[2][kN];                   // Q row c was stored as q * 2^-qexp[w][c] (f16 range), per warpgroup
+  int qexp[2][kN];                   // Q row c was stored as q * 2^-qexp[w][c] (e4m3 range), per warpgroup
   uint64_t bar[4][kNumBoxesQK];      // TMA mbarriers: [stage][box]
 };
 template <int kN>
