@@ -294,12 +294,12 @@ __device__ __forceinline__ void issue_kv_fp8_cp(const MlaParams& p, uint32_t sta
   if (valid)
     src += (long long)page * p.kv_page_stride + (long long)page_row(block * kBlockN + t, p.page_size) * p.kv_row_stride;
   // In-box destinations in the 64B swizzle (the layout TMA writes and the wgmmas read).
-  const int dst0 = sw64(t, off0 >> 4), dst1 = sw64(t, off1 >> 4);
+  const uint32_t dst0 = stage + sw64(t, off0 >> 4), dst1 = stage + sw64(t, off1 >> 4);
 #pragma unroll
   for (int j = 0; j < 18; ++j) {
     const int off = (j & 1) ? off1 : off0;
-    cp_async_16_evict_first(stage + (j >> 1) * kFp8BoxBytes + ((j & 1) ? dst1 : dst0), src + 32 * (j & ~1) + off,
-                            valid, policy);
+    cp_async_16_evict_first(((j & 1) ? dst1 : dst0) + (j >> 1) * kFp8BoxBytes, src + 32 * (j & ~1) + off, valid,
+                            policy);
   }
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
@@ -370,7 +370,9 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
       const int page0 = kb0 + wg < kb1 ? token_page(p, bt_row, kb0 + wg, kv_len) : p.num_pages;
       const int page1 = kb0 + wg + 2 < kb1 ? token_page(p, bt_row, kb0 + wg + 2, kv_len) : p.num_pages;
       const uint64_t policy = createpolicy_evict_first();
-#pragma unroll
+      // Not unrolled: unrolled, ptxas 13.0 gave the kN 32 kernel's copies here the form
+      // LDGSTS [R+UR], desc[UR1], which the H200 rejects as an illegal instruction (session 9).
+#pragma unroll 1
       for (int j = 0; j < 2; ++j) {
         const int kb = kb0 + wg + 2 * j;
         if (kb < kb1) {
