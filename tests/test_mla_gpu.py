@@ -204,6 +204,20 @@ def test_fp8_query_rows_outside_f16_range(q_scale):
     _check(case, out, lse, label=f"fp8 q x {q_scale:g}")
 
 
+# A query row holding inf: the fp8 kernel stores Q as e4m3, which saturates inf, so it makes that
+# row's scores NaN instead (as the reference's row is); every other row is untouched.
+def test_fp8_query_row_with_inf_is_nan():
+    case = make_case(4, 1, 16, 64, [1000, 300, 77, 2048], dtype=torch.float8_e4m3fn, device=DEV, seed=23)
+    ref, _ = case.reference()
+    ref_lowp, _ = case.reference(low_precision=True)
+    case.query[2, 0, 5, 100] = float("inf")
+    out, _ = _run(case)
+    assert bool(out[2, 0, 5].isnan().all()), "the row with inf in q is not NaN"
+    keep = torch.ones(out.shape[:-1], dtype=torch.bool, device=DEV)
+    keep[2, 0, 5] = False
+    assert_close_fa3(out[keep].float(), ref[keep], ref_lowp[keep], name="rows without inf")
+
+
 # max_q_len only picks the kernel: a hint below the longest request (16-row units for requests
 # of up to 64 rows) still gives every row, for bf16 (narrow16) and fp8.
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn], ids=["bf16", "fp8"])
