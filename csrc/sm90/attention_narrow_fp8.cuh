@@ -120,14 +120,9 @@ struct WgmmaSsE4m3<64> {
 };
 
 // Shared-memory descriptor of a K-major operand in the 64B swizzle (rows of 64 bytes, 8-row atoms
-// of 512 bytes: SBO 512, LBO unused; layout type 2 in bits 62-63).
+// of 512 bytes).
 __device__ __forceinline__ uint64_t make_smem_desc_sw64(uint32_t smem_addr) {
-  uint64_t desc = 0;
-  desc |= (uint64_t)((smem_addr & 0x3FFFF) >> 4);
-  desc |= (uint64_t)1 << 16;
-  desc |= (uint64_t)(512 >> 4) << 32;
-  desc |= (uint64_t)2 << 62;
-  return desc;
+  return make_smem_desc(smem_addr, 16, 512, 2);
 }
 
 // Byte offset of 16-byte chunk `chunk` (0..3) of row r in a 64B-swizzled box (rows of 64 bytes):

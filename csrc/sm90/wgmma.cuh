@@ -6,17 +6,19 @@
 
 namespace jit_mla::sm90 {
 
-// Descriptor of a 128-byte-swizzled tile in shared memory (PTX ISA "matrix descriptor"):
+// Descriptor of a swizzled tile in shared memory (PTX ISA "matrix descriptor"):
 // start address, leading byte offset (LBO), stride byte offset (SBO), all >> 4; layout type 1 =
 // 128B swizzle in bits 62-63. K-major: SBO = 1024 (8 rows x 128 B), LBO unused (1).
 // MN-major: LBO = stride between 64-element column blocks, SBO = 1024 (8 K-rows x 128 B).
+// `layout`: 1 = 128B swizzle (the default), 2 = 64B swizzle (the fp8 kernel's 64-byte rows:
+// K-major SBO = 512, 8 rows x 64 B).
 __device__ __forceinline__ uint64_t make_smem_desc(uint32_t smem_addr, uint32_t lbo_bytes,
-                                                   uint32_t sbo_bytes) {
+                                                   uint32_t sbo_bytes, uint32_t layout = 1) {
   uint64_t desc = 0;
   desc |= (uint64_t)((smem_addr & 0x3FFFF) >> 4);
   desc |= (uint64_t)((lbo_bytes >> 4) & 0x3FFF) << 16;
   desc |= (uint64_t)((sbo_bytes >> 4) & 0x3FFF) << 32;
-  desc |= (uint64_t)1 << 62;
+  desc |= (uint64_t)layout << 62;
   return desc;
 }
 
