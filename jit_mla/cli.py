@@ -114,9 +114,9 @@ def attention_kernel(page_size: int, rows_per_request: int = 64, fp8: bool = Fal
     small = 1 <= rows_per_request <= 32
     narrow = fp8 or (small and tma_page_size(page_size))
     if fp8 and not tma_page_size(page_size):
-        suffix = "_fp8_any (cp.async, transposed tiles, e4m3 to f16 in registers)"
+        suffix = "_fp8_any (cp.async, transposed tiles, fp8 QK^T, V e4m3 to f16 in registers)"
     elif fp8:
-        suffix = "_fp8 (TMA, transposed tiles, e4m3 to f16 in registers)"
+        suffix = "_fp8 (TMA, transposed tiles, fp8 QK^T, V e4m3 to f16 in registers)"
     else:
         suffix = " (TMA, transposed tiles)"
     if narrow:
