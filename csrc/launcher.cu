@@ -100,6 +100,13 @@ void check_contiguous(const TensorView& t, const char* name) {
 
 char* data_of(const TensorView& t) { return static_cast<char*>(t.data_ptr()) + t.byte_offset(); }
 
+void check_aligned(const TensorView& t, uintptr_t bytes, const char* name) {
+  const uintptr_t addr = reinterpret_cast<uintptr_t>(data_of(t));
+  MLA_CHECK(addr % bytes == 0, ValueError)
+      << name << "'s data pointer must be " << bytes << "-byte aligned, got address 0x" << std::hex << addr
+      << std::dec << " (offset " << addr % bytes << " bytes)";
+}
+
 // Every tensor argument must sit on the query's CUDA device.
 void check_device(const TensorView& t, DLDevice want, const char* name) {
   const DLDevice d = t.device();
@@ -567,10 +574,11 @@ void run_attention(TensorView out, Optional<TensorView> lse, TensorView query, T
   const bool use_tma = tma_page_size(page_size);
   const bool narrow = kv_fp8 || (use_tma && rows_hint >= 1 && rows_hint <= 32);
   const int unit_rows_log2 = !narrow ? 6 : rows_hint >= 1 && rows_hint <= 16 ? 4 : 5;  // 64, 16, 32 rows
-  MLA_CHECK(reinterpret_cast<uintptr_t>(data_of(key_cache)) % 16 == 0, ValueError)
-      << "kv_cache's data pointer must be 16-byte aligned, got address 0x" << std::hex
-      << reinterpret_cast<uintptr_t>(data_of(key_cache)) << std::dec << " (offset "
-      << reinterpret_cast<uintptr_t>(data_of(key_cache)) % 16 << " bytes)";
+  // The kernels load kv_cache and query rows in 16-byte pieces and store out in 8-byte ones: a
+  // view that starts off those boundaries would fault (misaligned address, a sticky error).
+  check_aligned(key_cache, 16, "kv_cache");
+  check_aligned(query, 16, "query");
+  check_aligned(out, 8, "out");
 
   // workspace: bytes of scratch; the plan and the split partials live there.
   const int64_t ws_bytes = buffer_bytes(workspace_buffer);

@@ -153,6 +153,11 @@ def kv_strided(shape: tuple[int, ...], strides: tuple[int, ...], offset: int = 0
     return torch.zeros(span, dtype=BF16).as_strided(shape, strides, offset)
 
 
+def shifted(t: torch.Tensor, elems: int) -> torch.Tensor:
+    """A contiguous copy of `t`'s shape whose data starts `elems` elements into its storage."""
+    return torch.zeros(t.numel() + elems, dtype=t.dtype)[elems:].view(t.shape)
+
+
 # --------------------------------------------------------------------------------------------
 # Launcher: one wrong argument per case
 # --------------------------------------------------------------------------------------------
@@ -339,6 +344,11 @@ CASES = [
          ValueError, ("row stride >= 576", "got row stride 8")),
     Case("kv_cache-misaligned", lambda a: kv(kv_strided((PAGES, PAGE, D_QK), (PAGE * D_QK, D_QK, 1), offset=4)),
          ValueError, ("kv_cache's data pointer must be 16-byte aligned",)),
+    # Contiguous views that start off the kernels' load (16 B) and store (8 B) boundaries.
+    Case("query-misaligned", lambda a: {"query": shifted(a["query"], 4)},
+         ValueError, ("query's data pointer must be 16-byte aligned", "(offset 8 bytes)")),
+    Case("out-misaligned", lambda a: {"out": shifted(a["out"], 2)},
+         ValueError, ("out's data pointer must be 8-byte aligned", "(offset 4 bytes)")),
     Case("value_cache-copy", lambda a: {"value_cache": a["key_cache"].clone()},
          ValueError, ("value_cache must be the same tensor as key_cache",
                       f"got bfloat16 [{PAGES}, {PAGE}, {D_QK}] vs bfloat16 [{PAGES}, {PAGE}, {D_QK}]")),
