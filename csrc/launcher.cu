@@ -459,7 +459,7 @@ void run_attention(TensorView out, Optional<TensorView> lse, TensorView query, T
                    int64_t sm_count, bool enable_pdl) {
   // ---- 1a. dtypes ----------------------------------------------------------------------------
   // kv_cache: bf16, or fp8 e4m3 (its k/v scales folded into bmm1_scale / bmm2_scale by the
-  // caller, the contract's convention; the kernel converts exactly, without scaling).
+  // caller, the contract's convention; the kernel uses K as e4m3 and converts V exactly).
   const bool kv_fp8 = same_dtype(key_cache.dtype(), kFP8E4M3);
   MLA_CHECK(!same_dtype(query.dtype(), kFP8E4M3), NotImplementedError)
       << "query in float8_e4m3fn (fp8 tensor-core matmuls) is not supported yet: pass a bfloat16 query "

@@ -192,11 +192,11 @@ def test_fp8_kv_cache(B, q_len, H, page, kind, extra):
     _check(case, out, lse, sinks=sinks, bmm2=bmm2, label=f"fp8 B{B} q{q_len} H{H} p{page} {kind} {extra}")
 
 
-# Query rows far outside f16's range (|q| up to ~2^19, or ~2^-18), bmm1_scale scaled back by the
-# same power of 2, so the logits are those of N(0, 1) data: a kernel that put Q in f16 without
-# its per-row exponent would overflow to inf, or lose the small rows' digits.
+# Query rows far outside e4m3's (and f16's) range (|q| up to ~2^19, or ~2^-18), bmm1_scale scaled
+# back by the same power of 2, so the logits are those of N(0, 1) data: a kernel that put Q in
+# e4m3 without its per-row exponent would saturate, or lose the small rows' digits.
 @pytest.mark.parametrize("q_scale", [2.0**17, 2.0**-20])
-def test_fp8_query_rows_outside_f16_range(q_scale):
+def test_fp8_query_rows_outside_e4m3_range(q_scale):
     case = make_case(8, 1, 16, 64, [1000, 77, 64, 4096, 1, 300, 2048, 513], dtype=torch.float8_e4m3fn,
                      device=DEV, seed=11)
     case.query = (case.query.float() * q_scale).to(torch.bfloat16)  # exact: a power of 2

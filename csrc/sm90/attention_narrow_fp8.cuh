@@ -2,8 +2,11 @@
 // for a float8_e4m3fn KV cache and a bf16 query. The cache stays fp8 in shared memory (boxes of
 // 64 tokens x 64 bytes in the 64B swizzle, as TMA writes them):
 //   S^T = K Q^T     fp8 wgmma, both operands from shared memory: A = the K boxes as they landed,
-//                   B = Q split into two e4m3 rows per query row (hi, lo: exact for bf16, see
-//                   load_q_rows_e4m3), N = 2 kN; s = S_hi + S_lo / 16. No conversion of K.
+//                   B = Q split into two e4m3 rows per query row (hi, lo: exact for bf16 elements
+//                   down to ~2^-13 of the row's largest, see load_q_rows_e4m3), N = 2 kN;
+//                   s = S_hi + S_lo / 16. No conversion of K. (Hopper's fp8 wgmma accumulates
+//                   with reduced precision, ~14 bits per DeepSeek-V3; within the tests'
+//                   tolerances over 576 products, fuzz included.)
 //   O^T += V^T P^T  f16 wgmma, A = V^T from registers: each thread loads 16 V columns of 4
 //                   tokens, transposes the bytes (prmt) and converts them to f16 (exact); B = 2^15
 //                   P in f16 (P in [0, 1]: f16's 11 bits down to P = 2^-29, where bf16 keeps 8)
@@ -122,12 +125,17 @@ struct WgmmaSsE4m3<64> {
 // Shared-memory descriptor of a K-major operand in the 64B swizzle (rows of 64 bytes, 8-row atoms
 // of 512 bytes).
 __device__ __forceinline__ uint64_t make_smem_desc_sw64(uint32_t smem_addr) {
-  return make_smem_desc(smem_addr, 16, 512, 2);
+  return make_smem_desc(smem_addr, 16, 512, kLayoutSw64);
 }
 
 // Byte offset of 16-byte chunk `chunk` (0..3) of row r in a 64B-swizzled box (rows of 64 bytes):
 // the chunk index is XORed with bits 1-2 of the row, as TMA's 64B swizzle writes it.
 __device__ __forceinline__ int sw64(int r, int chunk) { return r * 64 + ((chunk ^ ((r >> 1) & 3)) << 4); }
+
+// Bytes of one Q box (2 kN rows: hi, lo; 64 columns) and of one e4m3 k-step (k32) inside a row.
+template <int kN>
+constexpr int kFp8QBoxBytes = 2 * kN * kBoxCols;
+constexpr int kFp8KStepBytes = 32;
 
 // Four e4m3 (one word, byte 0 first) -> two f16x2: bytes 0-1 in `lo`, 2-3 in `hi` (lower byte in
 // the lower half), exactly.
@@ -198,7 +206,6 @@ template <int kN>
 __device__ __forceinline__ void load_q_rows_e4m3(uint8_t* sQ, int* qexp, const MlaParams& p, long long row_base,
                                                  int rows, int wg) {
   constexpr int kP = 128 / kN, kChunks = kHeadDimQK / 8 / kP;  // threads per row, chunks per thread
-  constexpr int kQBox = 2 * kN * 64;                           // bytes of one Q box
   const int tw = threadIdx.x & 127, c = tw / kP, part = tw % kP;
   const bool valid = c < rows;
   const uint4* src = reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(p.q) +
@@ -242,7 +249,7 @@ __device__ __forceinline__ void load_q_rows_e4m3(uint8_t* sQ, int* qexp, const M
       hi[h] = hb[0] | (hb[1] << 16);
       lo[h] = lb[0] | (lb[1] << 16);
     }
-    uint8_t* box = sQ + b * kQBox;
+    uint8_t* box = sQ + b * kFp8QBoxBytes<kN>;
     const int in_chunk = j0 & 15;
     *reinterpret_cast<uint2*>(box + sw64(c, j0 >> 4) + in_chunk) = make_uint2(hi[0], hi[1]);
     *reinterpret_cast<uint2*>(box + sw64(kN + c, j0 >> 4) + in_chunk) = make_uint2(lo[0], lo[1]);
@@ -405,7 +412,7 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
     for (int kb = kb0 + wg; kb < kb1; kb += 2, ++loads) {
       const int stage_id = 2 * wg + (loads & 1);
       const uint32_t par = (loads >> 1) & 1;
-      const uint8_t* kv = ss.kv[stage_id];
+      uint8_t* kv = ss.kv[stage_id];
       const uint32_t bars = smem_u32(&ss.bar[stage_id][0]);
       const bool refill = kb + 4 < kb1;
       // TMA: lanes 0-7 of warp 0 read the page ids here; cp.async: every thread its token's, once
@@ -427,8 +434,8 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
 #pragma unroll
         for (int u = 0; u < 2; ++u) {
           const int ks = 2 * b + u;
-          WgmmaSsE4m3<2 * kN>::mma(stc[ks % kChains], desc_add(da, b * kFp8BoxBytes + 32 * u),
-                                   desc_add(dq, b * (2 * kN * 64) + 32 * u), ks < kChains ? 0 : 1);
+          WgmmaSsE4m3<2 * kN>::mma(stc[ks % kChains], desc_add(da, b * kFp8BoxBytes + kFp8KStepBytes * u),
+                                   desc_add(dq, b * kFp8QBoxBytes<kN> + kFp8KStepBytes * u), ks < kChains ? 0 : 1);
         }
       }
       wgmma_commit();
@@ -512,9 +519,11 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
       // in the last block their V bytes are zeroed here (QK^T is done with the stage; the barrier
       // below publishes them with sP). cp.async: they arrived zero-filled.
       if (kTma && (kb + 1) * kBlockN > kv_len) {
-        const int first = kv_len - kb * kBlockN, n = (kBlockN - first) * 8 * 4;  // 16-byte chunks
+        constexpr int kVBoxes = kHeadDimV / kBoxCols, kRowChunks = kBoxCols / 16;
+        static_assert(kVBoxes == 8 && kRowChunks == 4, "chunk i: box i & 7, row chunk (i >> 3) & 3, row i >> 5");
+        const int first = kv_len - kb * kBlockN, n = (kBlockN - first) * kVBoxes * kRowChunks;
         for (int i = tw; i < n; i += 128)
-          *reinterpret_cast<uint4*>(const_cast<uint8_t*>(kv) + (i & 7) * kFp8BoxBytes + (first + (i >> 5)) * kBoxCols +
+          *reinterpret_cast<uint4*>(kv + (i & 7) * kFp8BoxBytes + (first + (i >> 5)) * kBoxCols +
                                     ((i >> 3) & 3) * 16) = make_uint4(0, 0, 0, 0);
       }
       fence_proxy_async_smem();

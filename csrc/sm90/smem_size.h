@@ -54,8 +54,8 @@ constexpr int narrow_smem_bytes() {
 static_assert(narrow_smem_bytes<32>() + 128 <= 227 * 1024, "shared memory over the sm_90 per-block limit");
 
 // The fp8 narrow kernel (attention_narrow_fp8.cuh): KV blocks stay fp8 in shared memory (9
-// unswizzled boxes of (64 tokens, 64) e4m3, 36 KiB) and reach the tensor cores through registers,
-// so a stage is half a bf16 one and each warpgroup keeps two blocks in flight: stages 2w and 2w + 1
+// boxes of (64 tokens, 64) e4m3 in the 64B swizzle, 36 KiB; K read by fp8 wgmmas from there, V
+// through registers), so a stage is half a bf16 one and each warpgroup keeps two blocks in flight: stages 2w and 2w + 1
 // (contiguous: together they hold the warpgroup's (kN, 512) fp32 O at the end of a unit). Q is
 // two e4m3 rows per query row (hi, lo) in the 64B swizzle; P is f16 with permuted columns (the
 // kernel's header says why).

@@ -10,10 +10,11 @@ namespace jit_mla::sm90 {
 // start address, leading byte offset (LBO), stride byte offset (SBO), all >> 4; layout type 1 =
 // 128B swizzle in bits 62-63. K-major: SBO = 1024 (8 rows x 128 B), LBO unused (1).
 // MN-major: LBO = stride between 64-element column blocks, SBO = 1024 (8 K-rows x 128 B).
-// `layout`: 1 = 128B swizzle (the default), 2 = 64B swizzle (the fp8 kernel's 64-byte rows:
-// K-major SBO = 512, 8 rows x 64 B).
+// `layout`: the 128B swizzle (the default), or the 64B one (the fp8 kernel's 64-byte rows: K-major
+// SBO = 512, 8 rows x 64 B).
+constexpr uint32_t kLayoutSw128 = 1, kLayoutSw64 = 2;
 __device__ __forceinline__ uint64_t make_smem_desc(uint32_t smem_addr, uint32_t lbo_bytes,
-                                                   uint32_t sbo_bytes, uint32_t layout = 1) {
+                                                   uint32_t sbo_bytes, uint32_t layout = kLayoutSw128) {
   uint64_t desc = 0;
   desc |= (uint64_t)((smem_addr & 0x3FFFF) >> 4);
   desc |= (uint64_t)((lbo_bytes >> 4) & 0x3FFF) << 16;
