@@ -1,5 +1,5 @@
-// The sm_90a cubin: two attention kernels (TMA pages, any page size) with C symbols, so the
-// launcher finds them by name (cudaLibraryGetKernel). Each CTA plans the splits first, runs its
+// The sm_90a cubin: the attention kernels with C symbols, so the launcher finds them by name
+// (cudaLibraryGetKernel; its kKernelInfo table lists them). Each CTA plans the splits first, runs its
 // share, then merges split units with the other CTAs (cooperative launch). Built by
 // `python -m jit_mla build --cubins`.
 #include "../common/combine.cuh"
@@ -37,44 +37,21 @@ __device__ __forceinline__ void attend_then_merge(const MlaParams& p) {
 extern "C" __global__ void mla_probe_dump() { jit_mla::probe_dump(); }
 #endif
 
-extern "C" __global__ void __launch_bounds__(jit_mla::kNumThreads, 1)
-    mla_sm90_attention(const __grid_constant__ MlaParams p) {
-  attend_then_merge<jit_mla::sm90::attention_seesaw>(p);
-}
+// One entry point: a C symbol `name` running `attend_then_merge<Attend>` (C symbols cannot be
+// templates; the attention functions can).
+#define MLA_ATTENTION_KERNEL(name, ...)                                                     \
+  extern "C" __global__ void __launch_bounds__(jit_mla::kNumThreads, 1)                     \
+      name(const __grid_constant__ MlaParams p) {                                           \
+    attend_then_merge<__VA_ARGS__>(p);                                                      \
+  }
 
-extern "C" __global__ void __launch_bounds__(jit_mla::kNumThreads, 1)
-    mla_sm90_attention_any_page(const __grid_constant__ MlaParams p) {
-  attend_then_merge<jit_mla::sm90::attention_any_page>(p);
-}
-
-extern "C" __global__ void __launch_bounds__(jit_mla::kNumThreads, 1)
-    mla_sm90_attention_narrow16(const __grid_constant__ MlaParams p) {
-  attend_then_merge<jit_mla::sm90::attention_narrow<16>>(p);
-}
-
-extern "C" __global__ void __launch_bounds__(jit_mla::kNumThreads, 1)
-    mla_sm90_attention_narrow32(const __grid_constant__ MlaParams p) {
-  attend_then_merge<jit_mla::sm90::attention_narrow<32>>(p);
-}
-
+MLA_ATTENTION_KERNEL(mla_sm90_attention, jit_mla::sm90::attention_seesaw)
+MLA_ATTENTION_KERNEL(mla_sm90_attention_any_page, jit_mla::sm90::attention_any_page)
+MLA_ATTENTION_KERNEL(mla_sm90_attention_narrow16, jit_mla::sm90::attention_narrow<16>)
+MLA_ATTENTION_KERNEL(mla_sm90_attention_narrow32, jit_mla::sm90::attention_narrow<32>)
 // fp8 (e4m3) KV cache, bf16 query: the narrow kernel with the cache fp8 in shared memory; by TMA
 // (the TMA page sizes), or by cp.async (_any: every other page size).
-extern "C" __global__ void __launch_bounds__(jit_mla::kNumThreads, 1)
-    mla_sm90_attention_narrow16_fp8(const __grid_constant__ MlaParams p) {
-  attend_then_merge<jit_mla::sm90::attention_narrow_fp8<16, true>>(p);
-}
-
-extern "C" __global__ void __launch_bounds__(jit_mla::kNumThreads, 1)
-    mla_sm90_attention_narrow32_fp8(const __grid_constant__ MlaParams p) {
-  attend_then_merge<jit_mla::sm90::attention_narrow_fp8<32, true>>(p);
-}
-
-extern "C" __global__ void __launch_bounds__(jit_mla::kNumThreads, 1)
-    mla_sm90_attention_narrow16_fp8_any(const __grid_constant__ MlaParams p) {
-  attend_then_merge<jit_mla::sm90::attention_narrow_fp8<16, false>>(p);
-}
-
-extern "C" __global__ void __launch_bounds__(jit_mla::kNumThreads, 1)
-    mla_sm90_attention_narrow32_fp8_any(const __grid_constant__ MlaParams p) {
-  attend_then_merge<jit_mla::sm90::attention_narrow_fp8<32, false>>(p);
-}
+MLA_ATTENTION_KERNEL(mla_sm90_attention_narrow16_fp8, jit_mla::sm90::attention_narrow_fp8<16, true>)
+MLA_ATTENTION_KERNEL(mla_sm90_attention_narrow32_fp8, jit_mla::sm90::attention_narrow_fp8<32, true>)
+MLA_ATTENTION_KERNEL(mla_sm90_attention_narrow16_fp8_any, jit_mla::sm90::attention_narrow_fp8<16, false>)
+MLA_ATTENTION_KERNEL(mla_sm90_attention_narrow32_fp8_any, jit_mla::sm90::attention_narrow_fp8<32, false>)
