@@ -22,10 +22,10 @@ Only chunked prefill, whose query and output alone are over 512 MiB per call, ru
 Formulas (bf16, ``D_qk = 576``, ``D_v = 512``; an fp8 KV row is 576 bytes):
 
     bytes    = sum_b seq_len_b * 576 * 2       (KV read once; * 1 for an fp8 cache)
-             + total_q * H * 576 * 2           (q)
+             + total_q * H * 576 * 2           (q; * 1 for an e4m3 query)
              + total_q * H * 512 * 2           (out)
     FLOPs    = sum_b q_len_b * H * seq_len_b * 2 * (576 + 512)
-    roofline = max(bytes / copy_bandwidth, FLOPs / matmul_rate)
+    roofline = max(bytes / copy_bandwidth, FLOPs / matmul_rate)   (the bf16 rate, e4m3 rows too)
     % of roofline = roofline / measured time
 
 FLOPs count every query token against the whole sequence, as the project's roofline does; with a
@@ -117,6 +117,7 @@ class Shape:
     ragged: bool = False  # query as [total_q, H, 576] + cum_seq_lens_q (else [B, q_len, H, 576])
     role: str = ""
     kv_fp8: bool = False  # KV cache in float8_e4m3fn (1 byte per element), query and out bf16
+    q_fp8: bool = False  # the query in float8_e4m3fn too (needs kv_fp8; the _fp8q kernels)
 
     @property
     def batch(self) -> int:
@@ -149,7 +150,7 @@ class Shape:
 
     @property
     def q_bytes(self) -> int:
-        return self.total_q * self.num_heads * D_QK * ELEM_BYTES
+        return self.total_q * self.num_heads * D_QK * (1 if self.q_fp8 else ELEM_BYTES)
 
     @property
     def out_bytes(self) -> int:
@@ -202,14 +203,16 @@ class Shape:
         return f"B={self.batch} {q} (total {self.total_q}) {kv} H={self.num_heads}"
 
 
-def uniform_shape(batch: int, kv_len: int, num_heads: int, q_len: int, role: str = "", kv_fp8: bool = False) -> Shape:
+def uniform_shape(batch: int, kv_len: int, num_heads: int, q_len: int, role: str = "", kv_fp8: bool = False,
+                  q_fp8: bool = False) -> Shape:
     return Shape(
-        name=f"b{batch}_kv{kv_len}_h{num_heads}_q{q_len}" + ("_fp8" if kv_fp8 else ""),
+        name=f"b{batch}_kv{kv_len}_h{num_heads}_q{q_len}" + ("_fp8q" if q_fp8 else "_fp8" if kv_fp8 else ""),
         num_heads=num_heads,
         q_lens=(q_len,) * batch,
         kv_lens=(kv_len,) * batch,
         role=role,
-        kv_fp8=kv_fp8,
+        kv_fp8=kv_fp8 or q_fp8,
+        q_fp8=q_fp8,
     )
 
 
@@ -242,6 +245,10 @@ def shape_table() -> list[Shape]:
         uniform_shape(8, 4096, 128, 1, "TP1 batch 8, fp8 KV", kv_fp8=True),
         Shape("spec_b64_q1to4_kv4096_h128_fp8", 128, spec_q, (4096,) * 64, ragged=True,
               role="ragged spec decode, fp8 KV", kv_fp8=True),
+        # e4m3 query and KV cache (issue 5, mode 2; FlashInfer's fa3 takes no e4m3 query)
+        uniform_shape(64, 8192, 16, 1, "TP8 decode, fp8 q + KV", q_fp8=True),
+        uniform_shape(128, 4096, 16, 2, "TP8 MTP 2, fp8 q + KV", q_fp8=True),
+        uniform_shape(128, 4096, 128, 1, "TP1 decode, fp8 q + KV", q_fp8=True),
     ]
 
 
@@ -621,6 +628,8 @@ class Bench:
         H = shape.num_heads
         q_shape = (shape.total_q, H, D_QK) if shape.ragged else (shape.batch, shape.max_q_len, H, D_QK)
         queries = [self.randn(q_shape) for _ in range(n_sets)]
+        if shape.q_fp8:
+            queries = [q.to(torch.float8_e4m3fn) for q in queries]
         return {
             "pool": pool,
             "slabs": [pool[i * P:(i + 1) * P] for i in range(n_sets)],  # each [P, 64, 576]
@@ -780,6 +789,9 @@ class Bench:
 
             if fi_mla is None:
                 row["flashinfer"] = {"na": fi_reason or "not run"}
+                return
+            if shape.q_fp8:
+                row["flashinfer"] = {"na": "FlashInfer's fa3 MLA takes no e4m3 query"}
                 return
             try:
                 fi_calls, fi_outs = self.flashinfer_calls(fi_mla, shape, data, fi_ws)

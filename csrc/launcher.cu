@@ -226,14 +226,17 @@ int64_t workspace_size(int64_t batch, int64_t total_q, int64_t num_heads, int64_
 // loads, any page size (1 included). Both merge their splits themselves (common/combine.cuh): one
 // launch per call. kNarrow16/32: TMA pages, transposed tiles for units of 16/32 rows; their _fp8
 // twins read a float8_e4m3fn cache (kept fp8 in shared memory: fp8 QK^T, V to f16 in registers), the
-// _fp8_any ones load it by cp.async for the page sizes TMA does not fit. The narrow ids are laid
-// out so that kNarrow16 + kNarrowFp8 (+ kNarrowFp8Any) + (32 rows) picks one.
+// _fp8_any ones load it by cp.async for the page sizes TMA does not fit; the _fp8q ones take an
+// e4m3 query too (both matmuls on e4m3 wgmmas). The narrow ids are laid out so that kNarrow16 +
+// kNarrowFp8 (+ kNarrowFp8Any) (+ kNarrowFp8Q) + (32 rows) picks one.
 enum KernelId : int {
   kSeesaw, kAnyPage,
   kNarrow16, kNarrow32, kNarrow16Fp8, kNarrow32Fp8, kNarrow16Fp8Any, kNarrow32Fp8Any,
+  kNarrow16Fp8Q, kNarrow32Fp8Q, kNarrow16Fp8QAny, kNarrow32Fp8QAny,
   kNumKernels,
 };
-constexpr int kNarrowFp8 = kNarrow16Fp8 - kNarrow16, kNarrowFp8Any = kNarrow16Fp8Any - kNarrow16Fp8;
+constexpr int kNarrowFp8 = kNarrow16Fp8 - kNarrow16, kNarrowFp8Any = kNarrow16Fp8Any - kNarrow16Fp8,
+              kNarrowFp8Q = kNarrow16Fp8Q - kNarrow16Fp8;
 struct KernelInfo {
   const char* name;
   int smem;  // dynamic shared memory bytes
@@ -247,6 +250,10 @@ const KernelInfo kKernelInfo[kNumKernels] = {
     {"mla_sm90_attention_narrow32_fp8", sm90::narrow_fp8_smem_bytes<32>()},
     {"mla_sm90_attention_narrow16_fp8_any", sm90::narrow_fp8_smem_bytes<16>()},
     {"mla_sm90_attention_narrow32_fp8_any", sm90::narrow_fp8_smem_bytes<32>()},
+    {"mla_sm90_attention_narrow16_fp8q", sm90::narrow_fp8_smem_bytes<16>()},
+    {"mla_sm90_attention_narrow32_fp8q", sm90::narrow_fp8_smem_bytes<32>()},
+    {"mla_sm90_attention_narrow16_fp8q_any", sm90::narrow_fp8_smem_bytes<16>()},
+    {"mla_sm90_attention_narrow32_fp8q_any", sm90::narrow_fp8_smem_bytes<32>()},
 };
 
 struct Kernels {
@@ -460,11 +467,13 @@ void run_attention(TensorView out, Optional<TensorView> lse, TensorView query, T
   // ---- 1a. dtypes ----------------------------------------------------------------------------
   // kv_cache: bf16, or fp8 e4m3 (its k/v scales folded into bmm1_scale / bmm2_scale by the
   // caller, the contract's convention; the kernel uses K as e4m3 and converts V exactly).
+  // query: bf16, or fp8 e4m3 with an fp8 cache (its q scale folded into bmm1_scale; the narrow
+  // fp8 kernels multiply it against K on fp8 tensor cores as it is).
   const bool kv_fp8 = same_dtype(key_cache.dtype(), kFP8E4M3);
-  MLA_CHECK(!same_dtype(query.dtype(), kFP8E4M3), NotImplementedError)
-      << "query in float8_e4m3fn (fp8 tensor-core matmuls) is not supported yet: pass a bfloat16 query "
-         "(an fp8 kv_cache is supported with it)";
-  check_dtype(query, kBF16, "query", "bfloat16");
+  const bool q_fp8 = same_dtype(query.dtype(), kFP8E4M3);
+  MLA_CHECK(!q_fp8 || kv_fp8, TypeError)
+      << "query in float8_e4m3fn needs a float8_e4m3fn kv_cache, got kv_cache " << desc(key_cache);
+  if (!q_fp8) check_dtype(query, kBF16, "query", "bfloat16 or float8_e4m3fn (with a float8_e4m3fn kv_cache)");
   if (!kv_fp8) check_dtype(key_cache, kBF16, "kv_cache", "bfloat16 or float8_e4m3fn");
   check_dtype(out, kBF16, "out", "bfloat16");
   check_dtype(block_tables, kI32, "block_tables", "int32");
@@ -665,7 +674,7 @@ void run_attention(TensorView out, Optional<TensorView> lse, TensorView query, T
   // (narrow and unit_rows_log2: worked out with the kv_cache checks above.)
   const int id = !narrow ? (use_tma ? kSeesaw : kAnyPage)
                          : (unit_rows_log2 == 4 ? kNarrow16 : kNarrow32) +
-                               (kv_fp8 ? kNarrowFp8 + (use_tma ? 0 : kNarrowFp8Any) : 0);
+                               (kv_fp8 ? kNarrowFp8 + (use_tma ? 0 : kNarrowFp8Any) + (q_fp8 ? kNarrowFp8Q : 0) : 0);
   launch(k.fn[id], p.num_ctas, kNumThreads, kKernelInfo[id].smem, stream, enable_pdl, &p, kKernelInfo[id].name);
 }
 

@@ -162,7 +162,8 @@ def trtllm_batch_decode_with_kv_cache_mla(
     """MLA attention over a paged latent KV cache (decode, speculative verify, chunked prefill).
 
     Args:
-        query: bf16, ``[B, q_len, H, 576]`` (uniform) or ``[total_q, H, 576]`` with
+        query: bf16 (or float8_e4m3fn with a float8_e4m3fn ``kv_cache``, its scale folded into
+            ``bmm1_scale``), ``[B, q_len, H, 576]`` (uniform) or ``[total_q, H, 576]`` with
             ``cum_seq_lens_q`` (ragged; request ``b`` owns rows ``cum[b] .. cum[b+1]-1``, zero-length
             requests allowed). Each row is ``[q_nope absorbed (512) | q_rope (64)]``. Contiguous.
         kv_cache: bf16 ``[num_pages, page_size, 576]`` or ``[num_pages, 1, page_size, 576]``; may

@@ -107,16 +107,19 @@ def tma_page_size(page_size: int) -> bool:
     return page_size % 64 == 0 or (page_size >= 8 and 64 % page_size == 0)
 
 
-def attention_kernel(page_size: int, rows_per_request: int = 64, fp8: bool = False) -> str:
+def attention_kernel(page_size: int, rows_per_request: int = 64, fp8: bool = False, fp8_query: bool = False) -> str:
     """The kernel a call launches (it plans, attends and merges splits): csrc/launcher.cu's rule.
     rows_per_request: q_len * H of a uniform call, max_q_len * H of a ragged one (0: max_q_len
-    not given); fp8: a float8_e4m3fn cache (the narrow kernels, every shape)."""
+    not given); fp8: a float8_e4m3fn cache (the narrow kernels, every shape); fp8_query: an
+    e4m3 query too (needs fp8)."""
     small = 1 <= rows_per_request <= 32
     narrow = fp8 or (small and tma_page_size(page_size))
-    if fp8 and not tma_page_size(page_size):
-        suffix = "_fp8_any (cp.async, transposed tiles, fp8 QK^T, V e4m3 to f16 in registers)"
+    loads = "TMA" if tma_page_size(page_size) else "cp.async"
+    any_page = "" if tma_page_size(page_size) else "_any"
+    if fp8 and fp8_query:
+        suffix = f"_fp8q{any_page} ({loads}, transposed tiles, e4m3 QK^T and PV, P in e4m3)"
     elif fp8:
-        suffix = "_fp8 (TMA, transposed tiles, fp8 QK^T, V e4m3 to f16 in registers)"
+        suffix = f"_fp8{any_page} ({loads}, transposed tiles, fp8 QK^T, V e4m3 to f16 in registers)"
     else:
         suffix = " (TMA, transposed tiles)"
     if narrow:
@@ -166,7 +169,8 @@ def _next_call_report() -> str:
         f"  kernels:  {attention_kernel(64)} for page sizes 8, 16, 32, 64 or multiples "
         f"of 64 (else {attention_kernel(24)}), narrow16/32 for q_len * H <= 16/32 "
         f"with those pages; a float8_e4m3fn cache always on the narrow kernels' _fp8 twins "
-        f"(_fp8_any by cp.async for the other pages; more than 32 rows as 32-row units); one "
+        f"(_fp8_any by cp.async for the other pages; more than 32 rows as 32-row units; _fp8q "
+        f"with an e4m3 query); one "
         f"cooperative launch per call"
     )
     return "\n".join(lines)

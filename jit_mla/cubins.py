@@ -95,7 +95,9 @@ KERNEL_SOURCES: dict[str, KernelSource] = {
         ("mla_sm90_attention", "mla_sm90_attention_any_page", "mla_sm90_attention_narrow16",
          "mla_sm90_attention_narrow32", "mla_sm90_attention_narrow16_fp8",
          "mla_sm90_attention_narrow32_fp8", "mla_sm90_attention_narrow16_fp8_any",
-         "mla_sm90_attention_narrow32_fp8_any"),
+         "mla_sm90_attention_narrow32_fp8_any", "mla_sm90_attention_narrow16_fp8q",
+         "mla_sm90_attention_narrow32_fp8q", "mla_sm90_attention_narrow16_fp8q_any",
+         "mla_sm90_attention_narrow32_fp8q_any"),
     ),
 }
 

@@ -48,6 +48,7 @@ def mla_reference(
     bmm2_scale: Scale = 1.0,
     sinks: Optional[torch.Tensor] = None,
     low_precision: bool = False,
+    p_dtype: torch.dtype = torch.bfloat16,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """MLA attention over a paged latent KV cache, computed in float32.
 
@@ -71,6 +72,9 @@ def mla_reference(
             the row sums in fp32, P rounded to bf16 before ``P @ V`` (fp32 accumulation), the
             normalization applied in fp32 after, the output rounded to bf16. This is the baseline
             of FlashAttention-3's tolerance rule (kernel error <= 2x this one's error).
+        p_dtype: the type P is rounded to when ``low_precision``: bf16, or float8_e4m3fn as the
+            e4m3-query kernels store it (2^8 P, FlashAttention-3's offset, so that e4m3's range
+            holds P from 1 down to 2^-17).
 
     Returns:
         ``(out, lse)``: ``out`` float32 of shape ``query.shape[:-1] + (kv_lora_rank,)`` (values
@@ -191,7 +195,7 @@ def mla_reference(
             q_b = q_rows[cum[b] : cum[b + 1]].float()  # [n, H, D_qk]
 
             o_b, lse_b = _attend_request(
-                q_b, k_all, L, kv_lora_rank, scale1, scale2, sink, low_precision
+                q_b, k_all, L, kv_lora_rank, scale1, scale2, sink, p_dtype if low_precision else None
             )
             out[cum[b] : cum[b + 1]] = o_b
             lse[cum[b] : cum[b + 1]] = lse_b
@@ -208,9 +212,10 @@ def _attend_request(
     scale1: float,
     scale2: float,
     sink: Optional[torch.Tensor],
-    low_precision: bool,
+    p_dtype: Optional[torch.dtype],
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One request. q: [n, H, D_qk] fp32; k_all: [L, D_qk] fp32. Returns o [n, H, Dv], lse [n, H]."""
+    """One request. q: [n, H, D_qk] fp32; k_all: [L, D_qk] fp32. Returns o [n, H, Dv], lse [n, H].
+    p_dtype: None (float32 throughout), or the type P is rounded to (low precision)."""
     n, num_heads, _ = q.shape
     device = q.device
     o = torch.zeros(n, num_heads, kv_lora_rank, dtype=torch.float32, device=device)
@@ -246,11 +251,13 @@ def _attend_request(
         if sink is not None:
             row_sum = row_sum + torch.exp(sink[None, :] - m)
 
-        if low_precision:
-            # A bf16 kernel feeds P to the tensor cores in bf16 and accumulates in fp32.
-            p = p.to(torch.bfloat16).float()
+        if p_dtype is not None:
+            # A low-precision kernel feeds P to the tensor cores rounded (bf16, or e4m3 as 2^8 P)
+            # and accumulates in fp32; the row sum keeps P unrounded.
+            shift = 256.0 if p_dtype == torch.float8_e4m3fn else 1.0
+            p = (p * shift).to(p_dtype).float() / shift
         o_c = torch.einsum("thj,jd->thd", p, v) * (scale2 / row_sum)[..., None]
-        if low_precision:
+        if p_dtype is not None:
             o_c = o_c.to(torch.bfloat16).float()
         lse_c = (m + torch.log(row_sum)) * _LOG2E
 

@@ -200,8 +200,8 @@ CASES = [
     # ---- dtypes --------------------------------------------------------------------------------
     Case("query-float32", lambda a: {"query": a["query"].float()},
          TypeError, ("query must be bfloat16", f"got float32 {U}, {D_QK}]")),
-    Case("query-fp8", lambda a: {"query": a["query"].to(torch.float8_e4m3fn)},
-         NotImplementedError, ("query in float8_e4m3fn", "not supported yet", "pass a bfloat16 query")),
+    Case("query-fp8-bf16-cache", lambda a: {"query": a["query"].to(torch.float8_e4m3fn)},
+         TypeError, ("query in float8_e4m3fn needs a float8_e4m3fn kv_cache", "got kv_cache bfloat16")),
     Case("query-float16", lambda a: {"query": a["query"].half()},
          TypeError, ("query must be bfloat16", "got float16")),
     Case("kv_cache-float16", lambda a: kv(a["key_cache"].half()),
@@ -418,6 +418,8 @@ def _valid_variants() -> list[tuple[str, Callable[[], dict[str, Any]]]]:
         ("kv-page-size-1", with_(**kv(torch.zeros(PAGES * PAGE, 1, D_QK, dtype=BF16)))),
         # fp8 takes every query layout (the narrow kernels, 32-row units beyond 32 rows)
         ("kv-fp8-ragged", with_(ragged=True, **kv(torch.zeros(PAGES, PAGE, D_QK).to(torch.float8_e4m3fn)))),
+        ("kv-fp8-query-fp8", with_(query=lambda a: a["query"].to(torch.float8_e4m3fn),
+                                   **kv(torch.zeros(PAGES, PAGE, D_QK).to(torch.float8_e4m3fn)))),
         # CPU scale tensors pass parse_scale; their device check comes after the query's.
         ("scales-cpu-tensors", with_(bmm1_scale=torch.full((1,), 0.07), bmm2_scale=torch.ones(1))),
         ("scale-0d-tensor", with_(bmm1_scale=torch.tensor(0.07))),

@@ -65,10 +65,10 @@ def _run(case, *, sinks=False, tensor_scales=False, bmm2=1.0, max_seq_len=None, 
     return out, lse
 
 
-def _check(case, out, lse, *, sinks=False, bmm2=1.0, label=""):
+def _check(case, out, lse, *, sinks=False, bmm2=1.0, label="", p_dtype=torch.bfloat16):
     kw = dict(bmm2_scale=bmm2, sinks=case.sinks if sinks else None)
     ref, ref_lse = case.reference(**kw)
-    ref_lowp, _ = case.reference(low_precision=True, **kw)
+    ref_lowp, _ = case.reference(low_precision=True, p_dtype=p_dtype, **kw)
     stats = assert_close_fa3(out.float(), ref, ref_lowp, name=f"out {label}")
     finite = torch.isfinite(ref_lse)
     assert torch.equal(torch.isfinite(lse), finite), f"lse finiteness differs {label}"
@@ -218,6 +218,25 @@ def test_fp8_query_row_with_inf_is_nan():
     keep = torch.ones(out.shape[:-1], dtype=torch.bool, device=DEV)
     keep[2, 0, 5] = False
     assert_close_fa3(out[keep].float(), ref[keep], ref_lowp[keep], name="rows without inf")
+
+
+# An e4m3 query with an e4m3 cache (mode 2, the _fp8q kernels): QK^T on the bytes as they are, P
+# rounded to e4m3 (as 2^8 P) for PV. The reference on the upcast query and cache; the tolerance is
+# FlashAttention-3's rule against the same computation in PyTorch with P rounded the same way
+# (twice its error, p_dtype=e4m3).
+@pytest.mark.parametrize("B,q_len,H,page", [(8, 1, 16, 64), (5, 2, 16, 3), (4, 1, 128, 32), (6, (0, 4), 64, 16)],
+                         ids=["h16-tma", "h16-q2-cp.async", "h128", "ragged-h64"])
+def test_fp8_query_and_cache(B, q_len, H, page):
+    rng = random.Random(zlib.crc32(repr(("fp8q", B, q_len, H, page)).encode()) & 0xFFFF)
+    ragged = isinstance(q_len, tuple)
+    q_lens = [rng.randint(*q_len) for _ in range(B)] if ragged else [q_len] * B
+    kv_lens = _kv_lens(rng, q_lens, "mixed")
+    case = make_case(B, q_lens if ragged else q_len, H, page, kv_lens, ragged=ragged, dtype=torch.float8_e4m3fn,
+                     q_dtype=torch.float8_e4m3fn, device=DEV, seed=rng.randint(0, 1 << 30))
+    assert case.query.dtype == torch.float8_e4m3fn
+    out, lse = _run(case, sinks=True)
+    _check(case, out, lse, sinks=True, label=f"fp8 q and cache B{B} q{q_len} H{H} p{page}",
+           p_dtype=torch.float8_e4m3fn)
 
 
 # max_q_len only picks the kernel: a hint below the longest request (16-row units for requests

@@ -373,6 +373,10 @@ def test_kernel_choice_follows_the_launchers_page_size_rule():
     assert cli.attention_kernel(64, 128, fp8=True).startswith("mla_sm90_attention_narrow32_fp8 ")
     assert cli.attention_kernel(64, 0, fp8=True).startswith("mla_sm90_attention_narrow32_fp8 ")
     assert cli.attention_kernel(24, 33, fp8=True).startswith("mla_sm90_attention_narrow32_fp8_any (cp.async")
+    # an e4m3 query with the fp8 cache: the _fp8q twins
+    assert cli.attention_kernel(64, 16, fp8=True, fp8_query=True).startswith("mla_sm90_attention_narrow16_fp8q (TMA")
+    assert cli.attention_kernel(24, 128, fp8=True, fp8_query=True).startswith(
+        "mla_sm90_attention_narrow32_fp8q_any (cp.async")
 
 
 def test_info_reports_the_next_call(capsys):

@@ -10,6 +10,10 @@
 //   O^T += V^T P^T  f16 wgmma, A = V^T from registers: each thread loads 16 V columns of 4
 //                   tokens, transposes the bytes (prmt) and converts them to f16 (exact); B = 2^15
 //                   P in f16 (P in [0, 1]: f16's 11 bits down to P = 2^-29, where bf16 keeps 8)
+// kQ8 (an e4m3 query, mode 2): the query's bytes are Q as they are (N = kN, no lo rows), and PV
+// runs on e4m3 wgmmas too: O^T += V^T P^T with P in e4m3 as 2^8 P (FlashAttention-3's offset; the
+// row sum takes P before rounding) and A = V^T from registers by ldmatrix .trans and byte
+// permutes, no conversion (see the PV loop).
 // Against converting each block to bf16 in shared memory, this halves the shared-memory traffic
 // per block (no bf16 tile written and re-read by the wgmmas) and the stage size, so each
 // warpgroup keeps two blocks in flight (smem_size.h, NarrowFp8Smem).
@@ -26,6 +30,11 @@
 // and the M dimension of PV (V columns) too, undone when O is written: thread (warp w, row r =
 // lane / 4) loads V columns 16 (8 w + r) + [0, 16); column 16 (8 w + r) + 2 i + h is row r + 8 h of
 // its slice of tile i (the epilogue writes it back to column v0 + 2 i + (e >> 1)).
+// kQ8 (e4m3 PV, k32): k-step s (32 tokens) of thread q holds at positions 4 q + j the tokens
+//   32 s + {2q, 8 + 2q, 2q + 1, 9 + 2q}[j], and at 16 + 4 q + j the same 16 tokens later; so the
+//   block's token 16 w + r (w < 4, r < 16) is at position 16 w + 2 (r % 8) + r / 8, and the two
+//   tokens of an S^T accumulator row pair (r_a, r_a + 8) are adjacent bytes of P. Row r + 8 h of
+//   warp w's slice of tile i is V column 16 (8 w + i) + 2 r + h.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -88,6 +97,21 @@ template <int N>
 struct WgmmaSsE4m3;
 
 template <>
+struct WgmmaSsE4m3<16> {
+  static __device__ __forceinline__ void mma(float (&d)[8], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %10, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1;\n"
+        "}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+  }
+};
+
+template <>
 struct WgmmaSsE4m3<32> {
   static __device__ __forceinline__ void mma(float (&d)[16], uint64_t desc_a, uint64_t desc_b, int accumulate) {
     asm volatile(
@@ -121,6 +145,44 @@ struct WgmmaSsE4m3<64> {
         : "l"(desc_a), "l"(desc_b), "r"(accumulate));
   }
 };
+
+// D(64 x N, fp32) += A(64 x 32, e4m3, registers: a0 row r, k 4 q4 + [0, 4); a1 row r + 8; a2, a3
+// the same at k + 16) * B(N x 32, e4m3, shared memory, K-major). Always accumulates.
+template <int N>
+struct WgmmaRsE4m3;
+
+template <>
+struct WgmmaRsE4m3<16> {
+  static __device__ __forceinline__ void mma(float (&d)[8], const uint32_t (&a)[4], uint64_t desc_b) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, 1, 1, 1;\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
+  }
+};
+
+template <>
+struct WgmmaRsE4m3<32> {
+  static __device__ __forceinline__ void mma(float (&d)[16], const uint32_t (&a)[4], uint64_t desc_b) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, 1, 1, "
+        "1;\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
+  }
+};
+
+// Four 8x8 matrices of 16-bit elements, transposed (ldmatrix .trans): lanes 8 j .. 8 j + 7 give
+// the row addresses of matrix j (16 bytes each); lane (r8, q4) receives in r[j] the elements
+// (row 2 q4, column r8) and (row 2 q4 + 1, column r8), the lower row in the lower half.
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
 
 // Shared-memory descriptor of a K-major operand in the 64B swizzle (rows of 64 bytes, 8-row atoms
 // of 512 bytes).
@@ -202,12 +264,26 @@ constexpr int kQexpNonFinite = 1 << 30;
 // 576) e4m3, 9 boxes of (2 kN, 64) bytes in the 64B swizzle; rows past `rows` zero. Each
 // warpgroup finds e_c of every row itself (into its own qexp row, read only by its own threads)
 // and stores half of the rows: thread tw takes row tw / kP, 16-byte chunks tw % kP + kP k.
-template <int kN>
+// kQ8: the query is e4m3 already (its scale in bmm1_scale): its bytes go into the hi rows as they
+// are, no lo rows, no qexp.
+template <int kN, bool kQ8>
 __device__ __forceinline__ void load_q_rows_e4m3(uint8_t* sQ, int* qexp, const MlaParams& p, long long row_base,
                                                  int rows, int wg) {
   constexpr int kP = 128 / kN, kChunks = kHeadDimQK / 8 / kP;  // threads per row, chunks per thread
   const int tw = threadIdx.x & 127, c = tw / kP, part = tw % kP;
   const bool valid = c < rows;
+  if constexpr (kQ8) {
+    if (c / (kN / 2) != wg) return;  // the other warpgroup stores this row (warp-uniform)
+    const uint2* src8 = reinterpret_cast<const uint2*>(static_cast<const uint8_t*>(p.q) +
+                                                       (valid ? (row_base + c) * kHeadDimQK : 0));
+#pragma unroll
+    for (int k = 0; k < kChunks; ++k) {
+      const int col = 8 * (part + kP * k), b = col >> 6, j0 = col & 63;
+      const uint2 q8 = valid ? __ldg(src8 + part + kP * k) : make_uint2(0, 0);
+      *reinterpret_cast<uint2*>(sQ + b * kFp8QBoxBytes<kN> + sw64(c, j0 >> 4) + (j0 & 15)) = q8;
+    }
+    return;
+  }
   const uint4* src = reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(p.q) +
                                                     (valid ? (row_base + c) * kHeadDimQK : 0));
   uint4 v[kChunks];
@@ -312,12 +388,15 @@ __device__ __forceinline__ int token_page(const MlaParams& p, const int* bt_row,
   return tok < kv_len ? __ldg(bt_row + page_index(tok, p.page_size)) : p.num_pages;
 }
 
-template <int kN, bool kTma>
+template <int kN, bool kTma, bool kQ8>
 __device__ void attention_narrow_fp8(const MlaParams& p) {
   constexpr int kT = kN / 8;    // column octets per thread: columns 8t + 2 q4 + {0, 1}
   constexpr int kAcc = kN / 2;  // fp32 registers of one m64nN accumulator
   constexpr int kChains = kN == 16 ? 2 : 1;  // QK^T accumulators (registers: kN 32 has fewer left)
-  constexpr float kPShift = 15.f;              // P is stored as 2^15 P (log2 units; see the softmax)
+  constexpr int kQRows = kQ8 ? kN : 2 * kN;  // QK^T's N: the Q rows in shared memory (hi, lo)
+  // P is stored as 2^kPShift P (log2 units; see the softmax): f16 P in [0, 2^15]; e4m3 P in
+  // [0, 2^8] (kQ8, FlashAttention-3's offset: e4m3 keeps P down to 2^-17 of the max, not 2^-9).
+  constexpr float kPShift = kQ8 ? 8.f : 15.f;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw_addr = smem_u32(smem_raw);
   NarrowFp8Smem<kN>& ss =
@@ -330,10 +409,13 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
   const uint32_t sQ = smem_u32(ss.q), sP = smem_u32(ss.p[wg]);
   // V^T loads: this thread's 16-byte chunk (V columns 16 (8 warp + r8) + [0, 16)) of token rows
   // 16 s + q4 + 4 jj, in the stage's 64B swizzle (bits 1-2 of the row do not depend on s).
-  const int vbox_off = (2 * warp + (r8 >> 2)) * kFp8BoxBytes;
+  // kQ8 (ldmatrix rows): lane l gives token row 8 (l / 8) + l % 8 of a k-step's 32 tokens, chunk
+  // cc of the warp's first V box (tile i reads chunk 8 warp + i: box 2 warp + i / 4, cc = i % 4).
   int voff[4];
 #pragma unroll
-  for (int jj = 0; jj < 4; ++jj) voff[jj] = vbox_off + sw64(q4 + 4 * jj, r8 & 3);
+  for (int jj = 0; jj < 4; ++jj)
+    voff[jj] = kQ8 ? 2 * warp * kFp8BoxBytes + sw64(lane, jj)
+                   : (2 * warp + (r8 >> 2)) * kFp8BoxBytes + sw64(q4 + 4 * jj, r8 & 3);
 
   if (tid == 0) {
     // TMA: one arrival (the expect_tx) per box; cp.async: one per thread of the warpgroup, on box 0's.
@@ -383,7 +465,7 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
         }
       }
     }
-    load_q_rows_e4m3<kN>(&ss.q[0][0], ss.qexp[wg], p, unit.q_row_base, unit.rows, wg);
+    load_q_rows_e4m3<kN, kQ8>(&ss.q[0][0], ss.qexp[wg], p, unit.q_row_base, unit.rows, wg);
     fence_proxy_async_smem();
     __syncthreads();
 
@@ -396,12 +478,17 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
       for (int e = 0; e < 2; ++e) {
         const int c = 8 * t + 2 * q4 + e;
         lim[t][e] = unit_row_limit(p, unit, c);
-        const int qe = ss.qexp[wg][c];
-        sl[t][e] = qe == kQexpNonFinite ? __int_as_float(0x7fffffff) : scale_log2 * exp2_int(qe);
+        if constexpr (kQ8) {
+          sl[t][e] = scale_log2;
+        } else {
+          const int qe = ss.qexp[wg][c];
+          sl[t][e] = qe == kQexpNonFinite ? __int_as_float(0x7fffffff) : scale_log2 * exp2_int(qe);
+        }
         m_run[t][e] = kMaxInit;
         l_run[t][e] = 0.f;
       }
-    const uint64_t dq = make_smem_desc_sw64(sQ), dp = make_smem_desc(sP, 16, 1024);
+    // P: f16 in the 128B swizzle, or (kQ8) e4m3 rows of 64 bytes in the 64B swizzle.
+    const uint64_t dq = make_smem_desc_sw64(sQ), dp = kQ8 ? make_smem_desc_sw64(sP) : make_smem_desc(sP, 16, 1024);
     float acc[8][kAcc];  // O^T: tile i, rows r_a / r_b of this thread's slice: V columns
                          // 16 (8 warp + r8) + 2 i + 0 / 1
 #pragma unroll
@@ -421,20 +508,24 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
       if constexpr (kTma) refill_page = tw < 32 && refill ? block_pages(p, bt_row, kb + 4, kv_len) : p.num_pages;
       tl_mark(kTlNBlockStart, loads);
 
-      // ---- S^T = K [Q_hi; Q_lo]^T: fp8 wgmmas straight from the stage, 2 k-steps per box ------
+      // ---- S^T = K [Q_hi; Q_lo]^T (kQ8: K Q^T): fp8 wgmmas straight from the stage, 2 k-steps per box
       // The k-steps alternate over kChains accumulators, summed at the end: wgmmas into one
       // accumulator run one after another.
       // Descriptors advance by one add per k-step (desc_add).
-      float stc[kChains][2 * kAcc];
+      float stc[kChains][kQRows / 2];
       const uint64_t da = make_smem_desc_sw64(smem_u32(kv));
       wgmma_fence();
 #pragma unroll
       for (int b = 0; b < kNumBoxesQK; ++b) {
         if (kTma || b == 0) kv_wait(bars + 8 * b, par, kSiteQkBox);  // cp.async: the whole block on box 0's
+        // cp.async writes are generic-proxy writes and the wgmmas read through the async proxy:
+        // order them in the reading thread, after the mbarrier made them visible to it (TMA
+        // writes are async-proxy already).
+        if (!kTma && b == 0) fence_proxy_async_smem();
 #pragma unroll
         for (int u = 0; u < 2; ++u) {
           const int ks = 2 * b + u;
-          WgmmaSsE4m3<2 * kN>::mma(stc[ks % kChains], desc_add(da, b * kFp8BoxBytes + kFp8KStepBytes * u),
+          WgmmaSsE4m3<kQRows>::mma(stc[ks % kChains], desc_add(da, b * kFp8BoxBytes + kFp8KStepBytes * u),
                                    desc_add(dq, b * kFp8QBoxBytes<kN> + kFp8KStepBytes * u), ks < kChains ? 0 : 1);
         }
       }
@@ -442,7 +533,7 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
       wgmma_wait<0>();
       tl_mark(kTlNQkDone, loads);
       if constexpr (!kTma) refill_page = refill ? token_page(p, bt_row, kb + 4, kv_len) : p.num_pages;
-      // s = S_hi + S_lo / 16: column octet t of hi, t + kT of lo, in the same thread.
+      // s = S_hi + S_lo / 16: column octet t of hi, t + kT of lo, in the same thread (kQ8: S).
       float st[kAcc];
 #pragma unroll
       for (int c = 0; c < kChains; ++c) fence_regs(stc[c]);
@@ -450,13 +541,13 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
       for (int t = 0; t < kT; ++t)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          float hi = stc[0][4 * t + e], lo = stc[0][4 * (t + kT) + e];
+          float hi = stc[0][4 * t + e], lo = kQ8 ? 0.f : stc[0][(4 * (t + kT) + e) % (kQRows / 2)];
 #pragma unroll
           for (int c = 1; c < kChains; ++c) {
             hi += stc[c][4 * t + e];
-            lo += stc[c][4 * (t + kT) + e];
+            if constexpr (!kQ8) lo += stc[c][4 * (t + kT) + e];
           }
-          st[4 * t + e] = fmaf(lo, 1.f / kQLoScale, hi);
+          st[4 * t + e] = kQ8 ? hi : fmaf(lo, 1.f / kQLoScale, hi);
         }
 
       // ---- mask, scale to log2, column maxima over the block's 64 tokens --------------------
@@ -484,7 +575,7 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
       wg_barrier(wg);
       tl_mark(kTlNMaxShared, loads);
 
-      // ---- running max, P = 2^(s - m) into sP as (rows, token positions) f16, O^T rescaled ----
+      // ---- running max, P = 2^(s - m) into sP as (rows, token positions) f16 / e4m3, O^T rescaled
       float sc[kT][2];
       bool grew = false;
       const int pa_pos = p_position(r_a), pb_pos = p_position(r_b);
@@ -503,9 +594,16 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
           // the max instead of 2^-14 (bf16 keeps 8 everywhere); l_run and O carry the same
           // factor, the row max handed to the store drops it.
           const float pa = exp2_approx(st[4 * t + e] - mn + kPShift), pb = exp2_approx(st[4 * t + 2 + e] - mn + kPShift);
+          // The row sum takes P before rounding (as FlashAttention-3 does for its e4m3 P).
           l_run[t][e] = l_run[t][e] * sc[t][e] + pa + pb;
-          *reinterpret_cast<__half*>(ss.p[wg] + swizzled(c, pa_pos >> 3) + 2 * (pa_pos & 7)) = __float2half_rn(pa);
-          *reinterpret_cast<__half*>(ss.p[wg] + swizzled(c, pb_pos >> 3) + 2 * (pb_pos & 7)) = __float2half_rn(pb);
+          if constexpr (kQ8) {
+            // Tokens r_a, r_b sit at positions 16 warp + 2 r8 + {0, 1} (header, kQ8): one 16-bit
+            // store.
+            *reinterpret_cast<uint16_t*>(ss.p[wg] + sw64(c, warp) + 2 * r8) = (uint16_t)f32x2_to_e4m3x2(pa, pb);
+          } else {
+            *reinterpret_cast<__half*>(ss.p[wg] + swizzled(c, pa_pos >> 3) + 2 * (pa_pos & 7)) = __float2half_rn(pa);
+            *reinterpret_cast<__half*>(ss.p[wg] + swizzled(c, pb_pos >> 3) + 2 * (pb_pos & 7)) = __float2half_rn(pb);
+          }
         }
       if (__any_sync(0xffffffffu, grew)) {
 #pragma unroll
@@ -535,6 +633,37 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
       // registers are free when they are rewritten (kN 32 with four groups of two tiles spilled
       // more: 56 -> 120 bytes).
       constexpr int kG = 2, kTiles = 8 / kG;
+      if constexpr (kQ8) {
+        // e4m3 wgmmas, k32: per k-step and tile one ldmatrix (4 matrices of 8 tokens x 16 bytes,
+        // transposed) and 4 byte permutes give the A fragment, no conversion. Lane (r8, q4) gets
+        // in x[j] tokens 8 j + 2 q4 + {0, 1}, V columns 2 r8 + {0, 1} of the tile's 16; prmt 0x6240
+        // takes column 2 r8 (row r8 of the tile) of tokens 2 q4, 8 + 2 q4, 2 q4 + 1, 9 + 2 q4 as
+        // k positions 4 q4 + [0, 4), 0x7351 column 2 r8 + 1 (row r8 + 8); x[2], x[3] the same 16
+        // tokens later. P holds the same order (header).
+        const uint32_t vbase = smem_u32(kv);
+#pragma unroll
+        for (int s = 0; s < 2; ++s)
+#pragma unroll
+          for (int g = 0; g < kG; ++g) {
+            if (kG * s + g >= 2) wgmma_wait<1>();
+            uint32_t a[kTiles][4];
+#pragma unroll
+            for (int x = 0; x < kTiles; ++x) {
+              const int i = kTiles * g + x;
+              uint32_t r[4];
+              ldsm_x4_trans(vbase + voff[i & 3] + (i >> 2) * kFp8BoxBytes + s * 32 * kBoxCols, r);
+              a[x][0] = prmt(r[0], r[1], 0x6240);
+              a[x][1] = prmt(r[0], r[1], 0x7351);
+              a[x][2] = prmt(r[2], r[3], 0x6240);
+              a[x][3] = prmt(r[2], r[3], 0x7351);
+            }
+            wgmma_fence();
+            const uint64_t db = desc_add(dp, s * kFp8KStepBytes);
+#pragma unroll
+            for (int x = 0; x < kTiles; ++x) WgmmaRsE4m3<kN>::mma(acc[kTiles * g + x], a[x], db);
+            wgmma_commit();
+          }
+      } else {
 #pragma unroll
       for (int s = 0; s < 4; ++s) {
         uint4 vt[4];  // token 16 s + q4 + 4 jj, V columns 16 (8 warp + r8) + [0, 16)
@@ -561,6 +690,7 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
           for (int i = 0; i < kTiles; ++i) WgmmaRsF16<kN>::mma(acc[kTiles * g + i], a[i], db, 1);
           wgmma_commit();
         }
+      }
       }
       // Every thread's loads of this stage are done: block kb + 4 may land in it.
       wg_barrier(wg);
@@ -601,14 +731,15 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
     // O^T of this warpgroup -> its two stages as (kN rows, 512) fp32, rows kMergeStride apart, in
     // true V column order: its loads are all consumed.
     float* ob = reinterpret_cast<float*>(ss.kv[2 * wg]);
-    const int v0 = 16 * (8 * warp + r8);
+    // Row r8 (+ 8) of tile i is V column 16 (8 warp + r8) + 2 i (+ 1), or (kQ8) 16 (8 warp + i) + 2 r8 (+ 1).
 #pragma unroll
     for (int i = 0; i < 8; ++i)
 #pragma unroll
       for (int t = 0; t < kT; ++t)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int c = 8 * t + 2 * q4 + (e & 1), v = v0 + 2 * i + (e >> 1);
+          const int c = 8 * t + 2 * q4 + (e & 1);
+          const int v = (kQ8 ? 16 * (8 * warp + i) + 2 * r8 : 16 * (8 * warp + r8) + 2 * i) + (e >> 1);
           ob[c * kMergeStride + merge_swizzle(v)] = acc[i][4 * t + e];
         }
     // Each reader sums the four warps' row sums itself (in colmax, written before the barrier like

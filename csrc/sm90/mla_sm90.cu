@@ -51,7 +51,12 @@ MLA_ATTENTION_KERNEL(mla_sm90_attention_narrow16, jit_mla::sm90::attention_narro
 MLA_ATTENTION_KERNEL(mla_sm90_attention_narrow32, jit_mla::sm90::attention_narrow<32>)
 // fp8 (e4m3) KV cache, bf16 query: the narrow kernel with the cache fp8 in shared memory; by TMA
 // (the TMA page sizes), or by cp.async (_any: every other page size).
-MLA_ATTENTION_KERNEL(mla_sm90_attention_narrow16_fp8, jit_mla::sm90::attention_narrow_fp8<16, true>)
-MLA_ATTENTION_KERNEL(mla_sm90_attention_narrow32_fp8, jit_mla::sm90::attention_narrow_fp8<32, true>)
-MLA_ATTENTION_KERNEL(mla_sm90_attention_narrow16_fp8_any, jit_mla::sm90::attention_narrow_fp8<16, false>)
-MLA_ATTENTION_KERNEL(mla_sm90_attention_narrow32_fp8_any, jit_mla::sm90::attention_narrow_fp8<32, false>)
+MLA_ATTENTION_KERNEL(mla_sm90_attention_narrow16_fp8, jit_mla::sm90::attention_narrow_fp8<16, true, false>)
+MLA_ATTENTION_KERNEL(mla_sm90_attention_narrow32_fp8, jit_mla::sm90::attention_narrow_fp8<32, true, false>)
+MLA_ATTENTION_KERNEL(mla_sm90_attention_narrow16_fp8_any, jit_mla::sm90::attention_narrow_fp8<16, false, false>)
+MLA_ATTENTION_KERNEL(mla_sm90_attention_narrow32_fp8_any, jit_mla::sm90::attention_narrow_fp8<32, false, false>)
+// e4m3 query and cache (mode 2): both matmuls on e4m3 wgmmas (_fp8q; _fp8q_any by cp.async).
+MLA_ATTENTION_KERNEL(mla_sm90_attention_narrow16_fp8q, jit_mla::sm90::attention_narrow_fp8<16, true, true>)
+MLA_ATTENTION_KERNEL(mla_sm90_attention_narrow32_fp8q, jit_mla::sm90::attention_narrow_fp8<32, true, true>)
+MLA_ATTENTION_KERNEL(mla_sm90_attention_narrow16_fp8q_any, jit_mla::sm90::attention_narrow_fp8<16, false, true>)
+MLA_ATTENTION_KERNEL(mla_sm90_attention_narrow32_fp8q_any, jit_mla::sm90::attention_narrow_fp8<32, false, true>)
