@@ -225,7 +225,7 @@ int64_t workspace_size(int64_t batch, int64_t total_q, int64_t num_heads, int64_
 // kSeesaw: TMA + seesaw (page sizes 8..64 dividing 64, or multiples of 64); kAnyPage: cp.async
 // loads, any page size (1 included). Both merge their splits themselves (common/combine.cuh): one
 // launch per call. kNarrow16/32: TMA pages, transposed tiles for units of 16/32 rows; their _fp8
-// twins read a float8_e4m3fn cache (kept fp8 in shared memory: fp8 QK^T, V to f16 in registers), the
+// twins read a float8_e4m3fn cache (kept fp8 in shared memory: QK^T and PV on e4m3 wgmmas), the
 // _fp8_any ones load it by cp.async for the page sizes TMA does not fit; the _fp8q ones take an
 // e4m3 query too (both matmuls on e4m3 wgmmas). The narrow ids are laid out so that kNarrow16 +
 // kNarrowFp8 (+ kNarrowFp8Any) (+ kNarrowFp8Q) + (32 rows) picks one.

@@ -169,10 +169,10 @@ def trtllm_batch_decode_with_kv_cache_mla(
         kv_cache: bf16 ``[num_pages, page_size, 576]`` or ``[num_pages, 1, page_size, 576]``; may
             be a strided view into a larger pool (page stride = ``stride(0)``). Row = ``[ckv | kpe]``;
             K is the row, V its first 512 columns. Any page size (16, 32, 64, 128 tested). Or
-            float8_e4m3fn (with a bf16 query), read as fp8 by the kernel (QK^T on fp8 tensor cores
-            against the query split exactly into two e4m3 parts; V converted exactly to f16 in
-            registers): every query layout and page size; fold its k/v scales into
-            ``bmm1_scale``/``bmm2_scale``.
+            float8_e4m3fn (with a bf16 or an e4m3 query), read as fp8 by the kernel (both matmuls
+            on fp8 tensor cores: a bf16 query split exactly into two e4m3 parts, P into two e4m3
+            parts to bf16's precision; an e4m3 query as it is, P one e4m3 value as 2^8 P): every
+            query layout and page size; fold its k/v scales into ``bmm1_scale``/``bmm2_scale``.
         workspace_buffer: CUDA scratch, at least ``get_workspace_size(...)`` bytes; a smaller one
             is a ``ValueError`` naming the size needed (never memory corruption).
         qk_nope_head_dim: the pre-absorption nope dim (128 for DeepSeek); only used by

@@ -140,9 +140,9 @@ def test_matrix(B, q_len, H, page, kind, ragged, extra):
 # fp8 e4m3 KV cache with a bf16 query: the narrow kernels (TMA page sizes, and others by
 # cp.async), requests of more than 32 rows (H 64 / 128, MTP, ragged) as 32-row units side by
 # side. The kernel multiplies K in e4m3 against Q split into two e4m3 parts per row (exact for
-# every bf16 element within ~2^13 of its row's largest), converts V to f16 exactly and keeps P in
-# f16 (finer than bf16), so the reference on the upcast cache and the bf16 tolerance hold as they
-# are.
+# every bf16 element within ~2^13 of its row's largest), and V in e4m3 against P kept to bf16's
+# precision as two e4m3 parts (hi + lo), so the reference on the upcast cache and the bf16
+# tolerance hold as they are.
 # (B, q_len or ragged (lo, hi), H, page, kv kind, extras)
 FP8_MATRIX = [
     (1, 1, 16, 64, "long", {}),

@@ -1,19 +1,19 @@
 // The narrow kernel (attention_narrow.cuh: transposed tiles, units of at most kN = 16 or 32 rows)
-// for a float8_e4m3fn KV cache and a bf16 query. The cache stays fp8 in shared memory (boxes of
-// 64 tokens x 64 bytes in the 64B swizzle, as TMA writes them):
-//   S^T = K Q^T     fp8 wgmma, both operands from shared memory: A = the K boxes as they landed,
-//                   B = Q split into two e4m3 rows per query row (hi, lo: exact for bf16 elements
-//                   down to ~2^-13 of the row's largest, see load_q_rows_e4m3), N = 2 kN;
-//                   s = S_hi + S_lo / 16. No conversion of K. (Hopper's fp8 wgmma accumulates
-//                   with reduced precision, ~14 bits per DeepSeek-V3; within the tests'
-//                   tolerances over 576 products, fuzz included.)
-//   O^T += V^T P^T  f16 wgmma, A = V^T from registers: each thread loads 16 V columns of 4
-//                   tokens, transposes the bytes (prmt) and converts them to f16 (exact); B = 2^15
-//                   P in f16 (P in [0, 1]: f16's 11 bits down to P = 2^-29, where bf16 keeps 8)
-// kQ8 (an e4m3 query, mode 2): the query's bytes are Q as they are (N = kN, no lo rows), and PV
-// runs on e4m3 wgmmas too: O^T += V^T P^T with P in e4m3 as 2^8 P (FlashAttention-3's offset; the
-// row sum takes P before rounding) and A = V^T from registers by ldmatrix .trans and byte
-// permutes, no conversion (see the PV loop).
+// for a float8_e4m3fn KV cache, with a bf16 query or (kQ8, mode 2) an e4m3 one. The cache stays
+// fp8 in shared memory (boxes of 64 tokens x 64 bytes in the 64B swizzle, as TMA writes them), and
+// both matmuls run on e4m3 wgmmas:
+//   S^T = K Q^T     both operands from shared memory: A = the K boxes as they landed, B = Q. A bf16
+//                   query is split into two e4m3 rows per query row (hi, lo: exact for bf16
+//                   elements down to ~2^-13 of the row's largest, see load_q_rows_e4m3), N = 2 kN,
+//                   s = S_hi + S_lo / 16; an e4m3 query is used as it is (N = kN). No conversion
+//                   of K. (Hopper's fp8 wgmma accumulates with reduced precision, ~14 bits per
+//                   DeepSeek-V3; within the tests' tolerances over 576 products, fuzz included.)
+//   O^T += V^T P^T  A = V^T from registers: per 16 V columns and 32 tokens one ldmatrix .trans
+//                   and 4 byte permutes, no conversion; B = 2^8 P in e4m3 (FlashAttention-3's
+//                   offset: e4m3 keeps P down to 2^-17 of the row max), the row sum from P before
+//                   rounding. With a bf16 query P is kept to bf16's precision as hi + lo, two
+//                   e4m3 rows of the same scale (lo = the rounding error of hi), multiplied in two
+//                   passes over the same V fragments; with an e4m3 query P is one e4m3 row.
 // Against converting each block to bf16 in shared memory, this halves the shared-memory traffic
 // per block (no bf16 tile written and re-read by the wgmmas) and the stage size, so each
 // warpgroup keeps two blocks in flight (smem_size.h, NarrowFp8Smem).
@@ -24,17 +24,12 @@
 //
 // Permutations (PV only). A dot product does not care about the order of its terms, and wgmma's
 // fragment layout does not match the bytes a thread can load at once. So the reduction dimension
-// is permuted, the same way in A and B:
-//   PV k-step s: thread q (lane % 4) holds at positions 2q, 2q + 1, 2q + 8, 2q + 9 the tokens
-//     16 s + q + 4 {0, 1, 2, 3}. P is stored with the same permutation (p_position).
-// and the M dimension of PV (V columns) too, undone when O is written: thread (warp w, row r =
-// lane / 4) loads V columns 16 (8 w + r) + [0, 16); column 16 (8 w + r) + 2 i + h is row r + 8 h of
-// its slice of tile i (the epilogue writes it back to column v0 + 2 i + (e >> 1)).
-// kQ8 (e4m3 PV, k32): k-step s (32 tokens) of thread q holds at positions 4 q + j the tokens
-//   32 s + {2q, 8 + 2q, 2q + 1, 9 + 2q}[j], and at 16 + 4 q + j the same 16 tokens later; so the
-//   block's token 16 w + r (w < 4, r < 16) is at position 16 w + 2 (r % 8) + r / 8, and the two
-//   tokens of an S^T accumulator row pair (r_a, r_a + 8) are adjacent bytes of P. Row r + 8 h of
-//   warp w's slice of tile i is V column 16 (8 w + i) + 2 r + h.
+// is permuted, the same way in A and B: PV k-step s (32 tokens) of thread q (lane % 4) holds at
+// positions 4 q + j the tokens 32 s + {2q, 8 + 2q, 2q + 1, 9 + 2q}[j], and at 16 + 4 q + j the same
+// 16 tokens later; so the block's token 16 w + r (w < 4, r < 16) is at position 16 w + 2 (r % 8) +
+// r / 8, and the two tokens of an S^T accumulator row pair (r_a, r_a + 8) are adjacent bytes of P.
+// The M dimension of PV (V columns) is permuted too, undone when O is written: row r + 8 h of warp
+// w's slice of tile i is V column 16 (8 w + i) + 2 r + h.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -52,44 +47,6 @@
 #include "wgmma.cuh"
 
 namespace jit_mla::sm90 {
-
-// D(64 x N, fp32) (+)= A(64 x 16, f16, registers) * B(N x 16, f16, shared memory, K-major).
-template <int N>
-struct WgmmaRsF16;
-
-template <>
-struct WgmmaRsF16<16> {
-  static __device__ __forceinline__ void mma(float (&d)[8], const uint32_t (&a)[4], uint64_t desc_b,
-                                             int accumulate) {
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "setp.ne.b32 p, %13, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n"
-        "}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
-  }
-};
-
-template <>
-struct WgmmaRsF16<32> {
-  static __device__ __forceinline__ void mma(float (&d)[16], const uint32_t (&a)[4], uint64_t desc_b,
-                                             int accumulate) {
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "setp.ne.b32 p, %21, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, "
-        "1, 0;\n"
-        "}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
-  }
-};
 
 // D(64 x N, fp32) (+)= A(64 x 32, e4m3, shared memory) * B(N x 32, e4m3, shared memory), both
 // K-major (fp8 wgmma takes no transposed operand).
@@ -199,19 +156,6 @@ template <int kN>
 constexpr int kFp8QBoxBytes = 2 * kN * kBoxCols;
 constexpr int kFp8KStepBytes = 32;
 
-// Four e4m3 (one word, byte 0 first) -> two f16x2: bytes 0-1 in `lo`, 2-3 in `hi` (lower byte in
-// the lower half), exactly.
-__device__ __forceinline__ void e4m3x4_to_f16x4(uint32_t w, uint32_t& lo, uint32_t& hi) {
-  asm("{\n"
-      ".reg .b16 l, h;\n"
-      "mov.b32 {l, h}, %2;\n"
-      "cvt.rn.f16x2.e4m3x2 %0, l;\n"
-      "cvt.rn.f16x2.e4m3x2 %1, h;\n"
-      "}\n"
-      : "=r"(lo), "=r"(hi)
-      : "r"(w));
-}
-
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
   uint32_t d;
   asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
@@ -222,18 +166,13 @@ __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
-// Column position (0..63) in P of token t of the block (PV permutation, header).
-__device__ __forceinline__ int p_position(int t) {
-  const int q = t & 3, jj = (t >> 2) & 3;
-  return (t & ~15) + 2 * q + (jj < 2 ? jj : 6 + jj);
-}
-
 // 2^e as a float, e in [-126, 127].
 __device__ __forceinline__ float exp2_int(int e) { return __int_as_float((127 + e) << 23); }
 
-// The merge buffer's column of V column v: bits 1-3 flipped by v / 16 (the storing lane's r8), so
-// that a warp's stores, 16 columns apart per lane, spread over 16 banks instead of 2 (bit 0
-// stays: float2 pairs stay adjacent).
+// The merge buffer's column of V column v: bits 1-3 flipped by (v / 16) % 8 (bit 0 stays: float2
+// pairs stay adjacent). Written when a lane's stores were 16 columns apart; with today's V column
+// order (header) a warp's stores are 2 columns apart, the flip is the same for the whole warp and
+// costs nothing (the epilogue reads through it too).
 __device__ __forceinline__ int merge_swizzle(int v) { return v ^ (2 * ((v >> 4) & 7)); }
 
 // Two e4m3 from floats (x0 in the low byte), rounded to nearest; out of range saturates to +-448
@@ -394,9 +333,9 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
   constexpr int kAcc = kN / 2;  // fp32 registers of one m64nN accumulator
   constexpr int kChains = kN == 16 ? 2 : 1;  // QK^T accumulators (registers: kN 32 has fewer left)
   constexpr int kQRows = kQ8 ? kN : 2 * kN;  // QK^T's N: the Q rows in shared memory (hi, lo)
-  // P is stored as 2^kPShift P (log2 units; see the softmax): f16 P in [0, 2^15]; e4m3 P in
-  // [0, 2^8] (kQ8, FlashAttention-3's offset: e4m3 keeps P down to 2^-17 of the max, not 2^-9).
-  constexpr float kPShift = kQ8 ? 8.f : 15.f;
+  // P is stored as 2^kPShift P in e4m3, in [0, 2^8] (log2 units; FlashAttention-3's offset: e4m3
+  // keeps P down to 2^-17 of the row max, not 2^-9). The row sums and O carry the factor too.
+  constexpr float kPShift = 8.f;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw_addr = smem_u32(smem_raw);
   NarrowFp8Smem<kN>& ss =
@@ -407,15 +346,12 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
   const int warp = tw / 32;
   const int r_a = 16 * warp + r8, r_b = r_a + 8;  // S^T accumulator rows: tokens
   const uint32_t sQ = smem_u32(ss.q), sP = smem_u32(ss.p[wg]);
-  // V^T loads: this thread's 16-byte chunk (V columns 16 (8 warp + r8) + [0, 16)) of token rows
-  // 16 s + q4 + 4 jj, in the stage's 64B swizzle (bits 1-2 of the row do not depend on s).
-  // kQ8 (ldmatrix rows): lane l gives token row 8 (l / 8) + l % 8 of a k-step's 32 tokens, chunk
-  // cc of the warp's first V box (tile i reads chunk 8 warp + i: box 2 warp + i / 4, cc = i % 4).
+  // V^T by ldmatrix: lane l gives token row l (8 (l / 8) + l % 8) of a k-step's 32 tokens, chunk
+  // jj of the warp's first V box (tile i reads chunk 8 warp + i: box 2 warp + i / 4, chunk i % 4).
   int voff[4];
 #pragma unroll
   for (int jj = 0; jj < 4; ++jj)
-    voff[jj] = kQ8 ? 2 * warp * kFp8BoxBytes + sw64(lane, jj)
-                   : (2 * warp + (r8 >> 2)) * kFp8BoxBytes + sw64(q4 + 4 * jj, r8 & 3);
+    voff[jj] = 2 * warp * kFp8BoxBytes + sw64(lane, jj);
 
   if (tid == 0) {
     // TMA: one arrival (the expect_tx) per box; cp.async: one per thread of the warpgroup, on box 0's.
@@ -487,8 +423,8 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
         m_run[t][e] = kMaxInit;
         l_run[t][e] = 0.f;
       }
-    // P: f16 in the 128B swizzle, or (kQ8) e4m3 rows of 64 bytes in the 64B swizzle.
-    const uint64_t dq = make_smem_desc_sw64(sQ), dp = kQ8 ? make_smem_desc_sw64(sP) : make_smem_desc(sP, 16, 1024);
+    // P: e4m3 rows of 64 bytes in the 64B swizzle (hi rows 0..kN-1, lo rows kN..2kN-1).
+    const uint64_t dq = make_smem_desc_sw64(sQ), dp = make_smem_desc_sw64(sP);
     float acc[8][kAcc];  // O^T: tile i, rows r_a / r_b of this thread's slice: V columns
                          // 16 (8 warp + r8) + 2 i + 0 / 1
 #pragma unroll
@@ -578,7 +514,6 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
       // ---- running max, P = 2^(s - m) into sP as (rows, token positions) f16 / e4m3, O^T rescaled
       float sc[kT][2];
       bool grew = false;
-      const int pa_pos = p_position(r_a), pb_pos = p_position(r_b);
 #pragma unroll
       for (int t = 0; t < kT; ++t)
 #pragma unroll
@@ -590,19 +525,20 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
           sc[t][e] = exp2_approx(m_run[t][e] - mn);
           grew |= sc[t][e] != 1.f;
           m_run[t][e] = mn;
-          // P scaled by 2^kPShift (<= 32768, within f16): f16 keeps 11 bits down to 2^-29 of
-          // the max instead of 2^-14 (bf16 keeps 8 everywhere); l_run and O carry the same
-          // factor, the row max handed to the store drops it.
+          // P scaled by 2^kPShift (<= 256, within e4m3); l_run and O carry the same factor, the
+          // row max handed to the store drops it.
           const float pa = exp2_approx(st[4 * t + e] - mn + kPShift), pb = exp2_approx(st[4 * t + 2 + e] - mn + kPShift);
           // The row sum takes P before rounding (as FlashAttention-3 does for its e4m3 P).
           l_run[t][e] = l_run[t][e] * sc[t][e] + pa + pb;
-          if constexpr (kQ8) {
-            // Tokens r_a, r_b sit at positions 16 warp + 2 r8 + {0, 1} (header, kQ8): one 16-bit
-            // store.
-            *reinterpret_cast<uint16_t*>(ss.p[wg] + sw64(c, warp) + 2 * r8) = (uint16_t)f32x2_to_e4m3x2(pa, pb);
-          } else {
-            *reinterpret_cast<__half*>(ss.p[wg] + swizzled(c, pa_pos >> 3) + 2 * (pa_pos & 7)) = __float2half_rn(pa);
-            *reinterpret_cast<__half*>(ss.p[wg] + swizzled(c, pb_pos >> 3) + 2 * (pb_pos & 7)) = __float2half_rn(pb);
+          // Tokens r_a, r_b sit at positions 16 warp + 2 r8 + {0, 1} (header): one 16-bit store.
+          // A bf16 query keeps bf16's precision in P: the rounding error of hi goes into row
+          // kN + c (lo, same scale; 4 + 4 significant bits).
+          const uint32_t hi = f32x2_to_e4m3x2(pa, pb);
+          *reinterpret_cast<uint16_t*>(ss.p[wg] + sw64(c, warp) + 2 * r8) = (uint16_t)hi;
+          if constexpr (!kQ8) {
+            const float2 h = e4m3x2_to_f32x2(hi);
+            *reinterpret_cast<uint16_t*>(ss.p[wg] + sw64(kN + c, warp) + 2 * r8) =
+                (uint16_t)f32x2_to_e4m3x2(pa - h.x, pb - h.y);
           }
         }
       if (__any_sync(0xffffffffu, grew)) {
@@ -628,70 +564,44 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
       wg_barrier(wg);  // sP and the zeroed tail complete; colmax read by every warp
       tl_mark(kTlNPShared, loads);
 
-      // ---- O^T += V^T P^T: per k-step, 16 V columns x 4 tokens per thread, byte-transposed -----
+      // ---- O^T += V^T P^T: e4m3 wgmmas, V^T fragments by ldmatrix .trans ------------------------
       // kG commit groups per k-step (8 / kG tiles each), at most two in flight, so a group's A
-      // registers are free when they are rewritten (kN 32 with four groups of two tiles spilled
-      // more: 56 -> 120 bytes).
+      // registers are free when they are rewritten.
       constexpr int kG = 2, kTiles = 8 / kG;
-      if constexpr (kQ8) {
-        // e4m3 wgmmas, k32: per k-step and tile one ldmatrix (4 matrices of 8 tokens x 16 bytes,
-        // transposed) and 4 byte permutes give the A fragment, no conversion. Lane (r8, q4) gets
-        // in x[j] tokens 8 j + 2 q4 + {0, 1}, V columns 2 r8 + {0, 1} of the tile's 16; prmt 0x6240
-        // takes column 2 r8 (row r8 of the tile) of tokens 2 q4, 8 + 2 q4, 2 q4 + 1, 9 + 2 q4 as
-        // k positions 4 q4 + [0, 4), 0x7351 column 2 r8 + 1 (row r8 + 8); x[2], x[3] the same 16
-        // tokens later. P holds the same order (header).
-        const uint32_t vbase = smem_u32(kv);
+      // k32: per k-step and tile one ldmatrix (4 matrices of 8 tokens x 16 bytes, transposed) and
+      // 4 byte permutes give the A fragment, no conversion. Lane (r8, q4) gets
+      // in x[j] tokens 8 j + 2 q4 + {0, 1}, V columns 2 r8 + {0, 1} of the tile's 16; prmt 0x6240
+      // takes column 2 r8 (row r8 of the tile) of tokens 2 q4, 8 + 2 q4, 2 q4 + 1, 9 + 2 q4 as
+      // k positions 4 q4 + [0, 4), 0x7351 column 2 r8 + 1 (row r8 + 8); x[2], x[3] the same 16
+      // tokens later. P holds the same order (header).
+      const uint32_t vbase = smem_u32(kv);
 #pragma unroll
-        for (int s = 0; s < 2; ++s)
-#pragma unroll
-          for (int g = 0; g < kG; ++g) {
-            if (kG * s + g >= 2) wgmma_wait<1>();
-            uint32_t a[kTiles][4];
-#pragma unroll
-            for (int x = 0; x < kTiles; ++x) {
-              const int i = kTiles * g + x;
-              uint32_t r[4];
-              ldsm_x4_trans(vbase + voff[i & 3] + (i >> 2) * kFp8BoxBytes + s * 32 * kBoxCols, r);
-              a[x][0] = prmt(r[0], r[1], 0x6240);
-              a[x][1] = prmt(r[0], r[1], 0x7351);
-              a[x][2] = prmt(r[2], r[3], 0x6240);
-              a[x][3] = prmt(r[2], r[3], 0x7351);
-            }
-            wgmma_fence();
-            const uint64_t db = desc_add(dp, s * kFp8KStepBytes);
-#pragma unroll
-            for (int x = 0; x < kTiles; ++x) WgmmaRsE4m3<kN>::mma(acc[kTiles * g + x], a[x], db);
-            wgmma_commit();
-          }
-      } else {
-#pragma unroll
-      for (int s = 0; s < 4; ++s) {
-        uint4 vt[4];  // token 16 s + q4 + 4 jj, V columns 16 (8 warp + r8) + [0, 16)
-#pragma unroll
-        for (int jj = 0; jj < 4; ++jj) vt[jj] = *reinterpret_cast<const uint4*>(kv + voff[jj] + 16 * s * kBoxCols);
+      for (int s = 0; s < 2; ++s)
 #pragma unroll
         for (int g = 0; g < kG; ++g) {
           if (kG * s + g >= 2) wgmma_wait<1>();
-          uint32_t a[kTiles][4];  // tiles kTiles g ..
+          uint32_t a[kTiles][4];
 #pragma unroll
-          for (int x = 0; x < kTiles / 2; ++x) {  // word wd: tiles 2 wd and 2 wd + 1
-            const int wd = kTiles / 2 * g + x;
-            const uint32_t w0 = word(vt[0], wd), w1 = word(vt[1], wd), w2 = word(vt[2], wd), w3 = word(vt[3], wd);
-            // prmt 0x5140: bytes (w0.0, w1.0, w0.1, w1.1): the tile's column pair for tokens jj 0, 1;
-            // 0x7362: bytes 2 and 3, the next tile's.
-            e4m3x4_to_f16x4(prmt(w0, w1, 0x5140), a[2 * x][0], a[2 * x][1]);
-            e4m3x4_to_f16x4(prmt(w0, w1, 0x7362), a[2 * x + 1][0], a[2 * x + 1][1]);
-            e4m3x4_to_f16x4(prmt(w2, w3, 0x5140), a[2 * x][2], a[2 * x][3]);
-            e4m3x4_to_f16x4(prmt(w2, w3, 0x7362), a[2 * x + 1][2], a[2 * x + 1][3]);
+          for (int x = 0; x < kTiles; ++x) {
+            const int i = kTiles * g + x;
+            uint32_t r[4];
+            ldsm_x4_trans(vbase + voff[i & 3] + (i >> 2) * kFp8BoxBytes + s * 32 * kBoxCols, r);
+            a[x][0] = prmt(r[0], r[1], 0x6240);
+            a[x][1] = prmt(r[0], r[1], 0x7351);
+            a[x][2] = prmt(r[2], r[3], 0x6240);
+            a[x][3] = prmt(r[2], r[3], 0x7351);
           }
           wgmma_fence();
-          const uint64_t db = desc_add(dp, s * 32);
+          const uint64_t db = desc_add(dp, s * kFp8KStepBytes);
 #pragma unroll
-          for (int i = 0; i < kTiles; ++i) WgmmaRsF16<kN>::mma(acc[kTiles * g + i], a[i], db, 1);
+          for (int x = 0; x < kTiles; ++x) WgmmaRsE4m3<kN>::mma(acc[kTiles * g + x], a[x], db);
+          if constexpr (!kQ8) {  // the lo rows, kN rows (kN / 8 atoms of 512 bytes) further
+#pragma unroll
+            for (int x = 0; x < kTiles; ++x)
+              WgmmaRsE4m3<kN>::mma(acc[kTiles * g + x], a[x], desc_add(db, kN * kBoxCols));
+          }
           wgmma_commit();
         }
-      }
-      }
       // Every thread's loads of this stage are done: block kb + 4 may land in it.
       wg_barrier(wg);
       if constexpr (kTma) {
@@ -731,7 +641,7 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
     // O^T of this warpgroup -> its two stages as (kN rows, 512) fp32, rows kMergeStride apart, in
     // true V column order: its loads are all consumed.
     float* ob = reinterpret_cast<float*>(ss.kv[2 * wg]);
-    // Row r8 (+ 8) of tile i is V column 16 (8 warp + r8) + 2 i (+ 1), or (kQ8) 16 (8 warp + i) + 2 r8 (+ 1).
+    // Row r8 (+ 8) of tile i is V column 16 (8 warp + i) + 2 r8 (+ 1) (header).
 #pragma unroll
     for (int i = 0; i < 8; ++i)
 #pragma unroll
@@ -739,7 +649,7 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int c = 8 * t + 2 * q4 + (e & 1);
-          const int v = (kQ8 ? 16 * (8 * warp + i) + 2 * r8 : 16 * (8 * warp + r8) + 2 * i) + (e >> 1);
+          const int v = 16 * (8 * warp + i) + 2 * r8 + (e >> 1);
           ob[c * kMergeStride + merge_swizzle(v)] = acc[i][4 * t + e];
         }
     // Each reader sums the four warps' row sums itself (in colmax, written before the barrier like
