@@ -47,6 +47,20 @@ __device__ __forceinline__ void wg_barrier(int wg) {
   else named_barrier_sync(2, 128);
 }
 
+// After a unit of `blocks` blocks (warpgroup w takes blocks w, w + 2, ...; kPerBlock warpgroup
+// barriers each): with an odd count warpgroup 1 ran one block fewer, and passes its barrier
+// kPerBlock more times here. For racecheck only, which pairs the two warpgroups' named-barrier
+// instances by count: the unequal units, and only they, got the end-of-unit merge across
+// __syncthreads reported as thousands of RAW hazards, with every value right
+// (docs/experiments/racecheck_repro.cu, session 10). Evened up, a real race would stand out. A
+// few instructions per unit.
+template <int kPerBlock>
+__device__ __forceinline__ void wg_barrier_even_up(int wg, int blocks) {
+  if (wg == 1 && (blocks & 1))
+#pragma unroll
+    for (int k = 0; k < kPerBlock; ++k) wg_barrier(wg);
+}
+
 // Zero V rows [first_row, 64) of the 8 V boxes of a stage (a page's rows past kv_len hold
 // anything, NaN included, and P = 0 does not cancel 0 * NaN), then make them visible to wgmma.
 __device__ __forceinline__ void zero_v_rows(uint8_t* stage, int first_row, int wg) {
@@ -241,6 +255,7 @@ __device__ void attention_narrow(const MlaParams& p) {
       loads += 1;
       if (tw < 32 && next) issue_kv_half(p, stage, bars, kb + 2, 1, next_page, 0);
     }
+    wg_barrier_even_up<2>(wg, kb1 - kb0);
 
     // ---- epilogue: each warpgroup's sums, max and O to shared memory, merged per row ----------
     // Sums over the 8 row lanes (xor 4, 8, 16) and the 4 warps.

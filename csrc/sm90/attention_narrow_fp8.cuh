@@ -615,6 +615,7 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
 #pragma unroll
       for (int i = 0; i < 8; ++i) fence_regs(acc[i]);
     }
+    wg_barrier_even_up<3>(wg, kb1 - kb0);
 
     // ---- epilogue: each warpgroup's sums, max and O to shared memory, merged per row ----------
     // Sums over the 8 row lanes (xor 4, 8, 16) and the 4 warps.
@@ -653,10 +654,7 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
           ob[c * kMergeStride + merge_swizzle(v)] = acc[i][4 * t + e];
         }
     // Each reader sums the four warps' row sums itself (in colmax, written before the barrier like
-    // m): one array and one warpgroup barrier fewer. Racecheck reports RAW hazards between
-    // warpgroup 0's last stores before this __syncthreads and warpgroup 1's reads after it at
-    // kN 32 (here and in the bf16 narrow kernel; not at kN 16), although the SASS has the
-    // barrier between them: open (docs/perf-notes.md, Session 8).
+    // m): one array and one warpgroup barrier fewer. (Racecheck: wg_barrier_even_up above.)
     __syncthreads();
 
     // The 64-row epilogue's layout: rows r_a, r_b (Q rows here), this warpgroup's 256 columns.
