@@ -33,12 +33,13 @@ class UniformCall:
 
 
 def uniform_call(b: int, q_len: int, h: int, kv: int, page: int = 64, dev: str = "cuda",
-                 fp8: bool = False) -> UniformCall:
-    """fp8: the cache in float8_e4m3fn (the same random values, rounded), as issue 5's kernels read it."""
+                 fp8: bool = False, fp8_query: bool = False) -> UniformCall:
+    """fp8: the cache in float8_e4m3fn (the same random values, rounded), as issue 5's kernels read it;
+    fp8_query: the query too (with fp8)."""
     pages = (kv + page - 1) // page
     cache = torch.randn(b * pages, page, 576, device=dev)
     return UniformCall(
-        q=torch.randn(b, q_len, h, 576, device=dev).to(torch.bfloat16),
+        q=torch.randn(b, q_len, h, 576, device=dev).to(torch.float8_e4m3fn if fp8_query else torch.bfloat16),
         cache=cache.to(torch.float8_e4m3fn if fp8 else torch.bfloat16),
         table=torch.randperm(b * pages, device=dev, dtype=torch.int32).view(b, pages),
         seq=torch.full((b,), kv, dtype=torch.int32, device=dev),
@@ -53,9 +54,10 @@ def main() -> None:
     ap.add_argument("--page", type=int, default=64)
     ap.add_argument("--calls", type=int, default=2)
     ap.add_argument("--fp8", action="store_true", help="a float8_e4m3fn KV cache")
+    ap.add_argument("--fp8-query", action="store_true", help="the query in float8_e4m3fn too (implies --fp8)")
     args = ap.parse_args()
     b, q_len, h, kv = (int(x) for x in args.shape.split(","))
-    call = uniform_call(b, q_len, h, kv, args.page, fp8=args.fp8)
+    call = uniform_call(b, q_len, h, kv, args.page, fp8=args.fp8 or args.fp8_query, fp8_query=args.fp8_query)
     for _ in range(args.calls):
         call.run()
     torch.cuda.synchronize()
