@@ -176,21 +176,28 @@ FP8_MATRIX = [
 ]
 
 
+# q8: the query in e4m3 too (mode 2, the _fp8q kernels): QK^T on the bytes as they are, P rounded
+# to e4m3 (as 2^8 P) for PV. The reference on the upcast query and cache; the tolerance is
+# FlashAttention-3's rule against the same computation in PyTorch with P rounded the same way
+# (p_dtype=e4m3: twice that computation's error).
+@pytest.mark.parametrize("q8", [False, True], ids=["q-bf16", "q-e4m3"])
 @pytest.mark.parametrize("B,q_len,H,page,kind,extra", FP8_MATRIX)
-def test_fp8_kv_cache(B, q_len, H, page, kind, extra):
+def test_fp8_kv_cache(B, q_len, H, page, kind, extra, q8):
     rng = random.Random(zlib.crc32(repr(("fp8", B, q_len, H, page, kind)).encode()) & 0xFFFF)
     ragged = isinstance(q_len, tuple)
     q_lens = [rng.randint(*q_len) for _ in range(B)] if ragged else [q_len] * B
     kv_lens = _kv_lens(rng, q_lens, kind)
+    q_dtype = torch.float8_e4m3fn if q8 else torch.bfloat16
     case = make_case(
         B, q_lens if ragged else q_len, H, page, kv_lens, ragged=ragged, dtype=torch.float8_e4m3fn,
-        cache_4d=extra.get("cache_4d", False), pool_padding=extra.get("pool_padding", 0), device=DEV,
-        seed=rng.randint(0, 1 << 30),
+        q_dtype=q_dtype, cache_4d=extra.get("cache_4d", False), pool_padding=extra.get("pool_padding", 0),
+        device=DEV, seed=rng.randint(0, 1 << 30),
     )
-    assert case.kv_cache.dtype == torch.float8_e4m3fn and case.query.dtype == torch.bfloat16
+    assert case.kv_cache.dtype == torch.float8_e4m3fn and case.query.dtype == q_dtype
     sinks, bmm2 = extra.get("sinks", False), extra.get("bmm2", 1.0)
     out, lse = _run(case, sinks=sinks, tensor_scales=extra.get("tensor_scales", False), bmm2=bmm2)
-    _check(case, out, lse, sinks=sinks, bmm2=bmm2, label=f"fp8 B{B} q{q_len} H{H} p{page} {kind} {extra}")
+    _check(case, out, lse, sinks=sinks, bmm2=bmm2, label=f"fp8 B{B} q{q_len} H{H} p{page} {kind} {extra} q8={q8}",
+           p_dtype=torch.float8_e4m3fn if q8 else torch.bfloat16)
 
 
 # Query rows far outside e4m3's (and f16's) range (|q| up to ~2^19, or ~2^-18), bmm1_scale scaled
@@ -218,25 +225,6 @@ def test_fp8_query_row_with_inf_is_nan():
     keep = torch.ones(out.shape[:-1], dtype=torch.bool, device=DEV)
     keep[2, 0, 5] = False
     assert_close_fa3(out[keep].float(), ref[keep], ref_lowp[keep], name="rows without inf")
-
-
-# An e4m3 query with an e4m3 cache (mode 2, the _fp8q kernels): QK^T on the bytes as they are, P
-# rounded to e4m3 (as 2^8 P) for PV. The reference on the upcast query and cache; the tolerance is
-# FlashAttention-3's rule against the same computation in PyTorch with P rounded the same way
-# (twice its error, p_dtype=e4m3).
-@pytest.mark.parametrize("B,q_len,H,page", [(8, 1, 16, 64), (5, 2, 16, 3), (4, 1, 128, 32), (6, (0, 4), 64, 16)],
-                         ids=["h16-tma", "h16-q2-cp.async", "h128", "ragged-h64"])
-def test_fp8_query_and_cache(B, q_len, H, page):
-    rng = random.Random(zlib.crc32(repr(("fp8q", B, q_len, H, page)).encode()) & 0xFFFF)
-    ragged = isinstance(q_len, tuple)
-    q_lens = [rng.randint(*q_len) for _ in range(B)] if ragged else [q_len] * B
-    kv_lens = _kv_lens(rng, q_lens, "mixed")
-    case = make_case(B, q_lens if ragged else q_len, H, page, kv_lens, ragged=ragged, dtype=torch.float8_e4m3fn,
-                     q_dtype=torch.float8_e4m3fn, device=DEV, seed=rng.randint(0, 1 << 30))
-    assert case.query.dtype == torch.float8_e4m3fn
-    out, lse = _run(case, sinks=True)
-    _check(case, out, lse, sinks=True, label=f"fp8 q and cache B{B} q{q_len} H{H} p{page}",
-           p_dtype=torch.float8_e4m3fn)
 
 
 # max_q_len only picks the kernel: a hint below the longest request (16-row units for requests
