@@ -466,7 +466,7 @@ void run_attention(TensorView out, Optional<TensorView> lse, TensorView query, T
                    int64_t sm_count, bool enable_pdl) {
   // ---- 1a. dtypes ----------------------------------------------------------------------------
   // kv_cache: bf16, or fp8 e4m3 (its k/v scales folded into bmm1_scale / bmm2_scale by the
-  // caller, the contract's convention; the kernel uses K as e4m3 and converts V exactly).
+  // caller, the contract's convention; the kernels multiply K and V as e4m3 on fp8 tensor cores).
   // query: bf16, or fp8 e4m3 with an fp8 cache (its q scale folded into bmm1_scale; the narrow
   // fp8 kernels multiply it against K on fp8 tensor cores as it is).
   const bool kv_fp8 = same_dtype(key_cache.dtype(), kFP8E4M3);

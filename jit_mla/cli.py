@@ -111,7 +111,8 @@ def attention_kernel(page_size: int, rows_per_request: int = 64, fp8: bool = Fal
     """The kernel a call launches (it plans, attends and merges splits): csrc/launcher.cu's rule.
     rows_per_request: q_len * H of a uniform call, max_q_len * H of a ragged one (0: max_q_len
     not given); fp8: a float8_e4m3fn cache (the narrow kernels, every shape); fp8_query: an
-    e4m3 query too (needs fp8)."""
+    e4m3 query too (implies fp8)."""
+    fp8 = fp8 or fp8_query
     small = 1 <= rows_per_request <= 32
     narrow = fp8 or (small and tma_page_size(page_size))
     loads = "TMA" if tma_page_size(page_size) else "cp.async"

@@ -297,6 +297,29 @@ def test_low_precision_is_the_bf16_computation():
     assert (lowp != ref.bfloat16().float()).float().mean() > 0.05
 
 
+def test_low_precision_with_e4m3_p():
+    """p_dtype=float8_e4m3fn: P rounded to e4m3 as 2^8 P (the e4m3-query kernels' P), row sums and
+    lse from unrounded P; coarser than bf16 P, and not the bf16 computation."""
+    case = make_case(2, [1, 3], 3, 16, [5, 37], seed=14)
+    ref, lse = case.reference()
+    e4m3, lse_e4m3 = case.reference(low_precision=True, p_dtype=torch.float8_e4m3fn)
+    bf16, _ = case.reference(low_precision=True)
+    assert torch.equal(e4m3, e4m3.bfloat16().float())  # output rounded to bf16
+    torch.testing.assert_close(lse_e4m3, lse, rtol=0, atol=0)
+    assert max_error(bf16, ref) < max_error(e4m3, ref) < 0.1
+    cache = case.kv_cache
+    rows = []
+    for b, (n, L) in enumerate(zip(case.q_lens, case.kv_lens)):
+        K = cache[case.block_tables[b, : -(-L // 16)].long()].reshape(-1, D_QK)[:L].float()
+        for t in range(n):
+            Kt = K[: L - n + t + 1]
+            S = case.bmm1_scale * case.query[len(rows)].float() @ Kt.T
+            P = torch.exp(S - S.amax(-1, keepdim=True))
+            P8 = (P * 256).to(torch.float8_e4m3fn).float() / 256
+            rows.append(((P8 @ Kt[:, :D_V]) / P.sum(-1, keepdim=True)).bfloat16().float())
+    torch.testing.assert_close(e4m3, torch.stack(rows), rtol=0, atol=1e-2)
+
+
 def test_chunked_queries_match_unchunked(monkeypatch):
     # A prefill chunk (n = 300 tokens, L = 400 keys) split into many token blocks.
     case = make_case(2, [300, 7], 2, 64, [400, 7], seed=15)

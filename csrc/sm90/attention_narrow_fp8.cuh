@@ -104,7 +104,8 @@ struct WgmmaSsE4m3<64> {
 };
 
 // D(64 x N, fp32) += A(64 x 32, e4m3, registers: a0 row r, k 4 q4 + [0, 4); a1 row r + 8; a2, a3
-// the same at k + 16) * B(N x 32, e4m3, shared memory, K-major). Always accumulates.
+// the same at k + 16) * B(N x 32, e4m3, shared memory, K-major). Always accumulates (scale-d is
+// a predicate set true, as the other wrappers pass it).
 template <int N>
 struct WgmmaRsE4m3;
 
@@ -112,10 +113,14 @@ template <>
 struct WgmmaRsE4m3<16> {
   static __device__ __forceinline__ void mma(float (&d)[8], const uint32_t (&a)[4], uint64_t desc_b) {
     asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %13, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, 1, 1, 1;\n"
+        "{%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1;\n"
+        "}\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "n"(1));
   }
 };
 
@@ -123,12 +128,16 @@ template <>
 struct WgmmaRsE4m3<32> {
   static __device__ __forceinline__ void mma(float (&d)[16], const uint32_t (&a)[4], uint64_t desc_b) {
     asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %21, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, 1, 1, "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, "
         "1;\n"
+        "}\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
           "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "n"(1));
   }
 };
 
@@ -426,7 +435,7 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
     // P: e4m3 rows of 64 bytes in the 64B swizzle (hi rows 0..kN-1, lo rows kN..2kN-1).
     const uint64_t dq = make_smem_desc_sw64(sQ), dp = make_smem_desc_sw64(sP);
     float acc[8][kAcc];  // O^T: tile i, rows r_a / r_b of this thread's slice: V columns
-                         // 16 (8 warp + r8) + 2 i + 0 / 1
+                         // 16 (8 warp + i) + 2 r8 + 0 / 1 (header)
 #pragma unroll
     for (int i = 0; i < 8; ++i)
 #pragma unroll
@@ -511,7 +520,7 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
       wg_barrier(wg);
       tl_mark(kTlNMaxShared, loads);
 
-      // ---- running max, P = 2^(s - m) into sP as (rows, token positions) f16 / e4m3, O^T rescaled
+      // ---- running max, P = 2^(s - m) into sP as (rows, token positions) e4m3, O^T rescaled ----
       float sc[kT][2];
       bool grew = false;
 #pragma unroll

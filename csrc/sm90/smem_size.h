@@ -57,15 +57,15 @@ static_assert(narrow_smem_bytes<32>() + 128 <= 227 * 1024, "shared memory over t
 // boxes of (64 tokens, 64) e4m3 in the 64B swizzle, 36 KiB; K read by fp8 wgmmas from there, V
 // through registers), so a stage is half a bf16 one and each warpgroup keeps two blocks in flight: stages 2w and 2w + 1
 // (contiguous: together they hold the warpgroup's (kN, 512) fp32 O at the end of a unit). Q is
-// two e4m3 rows per query row (hi, lo) in the 64B swizzle; P is f16 with permuted columns (the
-// kernel's header says why).
+// two e4m3 rows per query row (hi, lo; an e4m3 query: one) in the 64B swizzle; P is e4m3 rows
+// (hi, lo; an e4m3 query: hi only) with permuted columns (the kernel's header says why).
 constexpr int kFp8BoxBytes = kBlockN * kBoxCols;               // 4 KiB
 constexpr int kFp8TileBytes = kNumBoxesQK * kFp8BoxBytes;      // 36 KiB
 template <int kN>
 struct NarrowFp8Smem {
   uint8_t kv[4][kFp8TileBytes];      // stages 2w, 2w + 1: warpgroup w's blocks, alternating
   uint8_t q[kNumBoxesQK][kN * 128];  // Q as (2 kN rows: hi, lo; 576) e4m3, 9 boxes of (2 kN, 64) bytes
-  uint8_t p[2][kN * 128];            // warpgroup w's P: (kN rows, 64 tokens) f16, swizzled, permuted
+  uint8_t p[2][kN * 128];            // warpgroup w's P: (2 kN rows: hi, lo; 64 tokens) e4m3, 64B swizzle, permuted
   float colmax[2][4][kN];            // per warpgroup and warp: a block's column maxima, or at
                                      // the end of a unit the warp's row sums
   float m[2][kN];                    // end of a unit: each warpgroup's running max per row
@@ -80,7 +80,7 @@ static_assert(narrow_fp8_smem_bytes<32>() + 128 <= 227 * 1024, "shared memory ov
 
 // The end of a unit merges the two warpgroups' O (kN rows, 512) fp32, each in its own stage, rows
 // kMergeStride floats apart (8 more than 512: the float2 reads of 8 rows then hit 8 bank groups;
-// the fp8 kernel's stores, 16 V columns apart per lane, spread by its merge_swizzle).
+// the fp8 kernel reads and writes through its merge_swizzle).
 constexpr int kMergeStride = kHeadDimV + 8;
 static_assert(32 * kMergeStride * 4 <= kTileBytes, "a warpgroup's O fits in its stage");
 static_assert(32 * kMergeStride * 4 <= 2 * kFp8TileBytes, "a warpgroup's O fits in its two fp8 stages");
