@@ -270,6 +270,21 @@ def test_float32_and_fp8_caches():
 # ---- low precision (the FA3 baseline) ---------------------------------------------------------
 
 
+def _low_precision_by_hand(case, round_p, bmm2_scale=1.0):
+    """Per query row of a ragged page-16 case: P = exp(S - max) rounded by round_p, P @ V in fp32,
+    normalized by the unrounded row sum, rounded to bf16."""
+    rows = []
+    for b, (n, L) in enumerate(zip(case.q_lens, case.kv_lens)):
+        K = case.kv_cache[case.block_tables[b, : -(-L // 16)].long()].reshape(-1, D_QK)[:L].float()
+        for t in range(n):
+            Kt = K[: L - n + t + 1]
+            S = case.bmm1_scale * case.query[len(rows)].float() @ Kt.T
+            P = torch.exp(S - S.amax(-1, keepdim=True))
+            O = (round_p(P) @ Kt[:, :D_V]) * (bmm2_scale / P.sum(-1, keepdim=True))
+            rows.append(O.bfloat16().float())
+    return torch.stack(rows)
+
+
 def test_low_precision_is_the_bf16_computation():
     case = make_case(2, [1, 3], 3, 16, [5, 37], seed=14)
     ref, lse = case.reference(bmm2_scale=0.5)
@@ -278,18 +293,7 @@ def test_low_precision_is_the_bf16_computation():
     torch.testing.assert_close(lse_lowp, lse, rtol=0, atol=0)  # lse stays fp32
     err = max_error(lowp, ref)
     assert 0 < err < 2e-2
-    # By hand: P = exp(S - max) rounded to bf16, P @ V in fp32, normalized in fp32, rounded.
-    cache = case.kv_cache
-    rows = []
-    for b, (n, L) in enumerate(zip(case.q_lens, case.kv_lens)):
-        K = cache[case.block_tables[b, : -(-L // 16)].long()].reshape(-1, D_QK)[:L].float()
-        for t in range(n):
-            Kt = K[: L - n + t + 1]
-            S = case.bmm1_scale * case.query[len(rows)].float() @ Kt.T
-            P = torch.exp(S - S.amax(-1, keepdim=True))
-            O = (P.bfloat16().float() @ Kt[:, :D_V]) * (0.5 / P.sum(-1, keepdim=True))
-            rows.append(O.bfloat16().float())
-    by_hand = torch.stack(rows)
+    by_hand = _low_precision_by_hand(case, lambda p: p.bfloat16().float(), bmm2_scale=0.5)
     # Equal up to fp32 summation order, which may flip a rare bf16 rounding by one ulp.
     assert (lowp != by_hand).float().mean() < 0.01
     torch.testing.assert_close(lowp, by_hand, rtol=0, atol=1e-2)
@@ -307,17 +311,8 @@ def test_low_precision_with_e4m3_p():
     assert torch.equal(e4m3, e4m3.bfloat16().float())  # output rounded to bf16
     torch.testing.assert_close(lse_e4m3, lse, rtol=0, atol=0)
     assert max_error(bf16, ref) < max_error(e4m3, ref) < 0.1
-    cache = case.kv_cache
-    rows = []
-    for b, (n, L) in enumerate(zip(case.q_lens, case.kv_lens)):
-        K = cache[case.block_tables[b, : -(-L // 16)].long()].reshape(-1, D_QK)[:L].float()
-        for t in range(n):
-            Kt = K[: L - n + t + 1]
-            S = case.bmm1_scale * case.query[len(rows)].float() @ Kt.T
-            P = torch.exp(S - S.amax(-1, keepdim=True))
-            P8 = (P * 256).to(torch.float8_e4m3fn).float() / 256
-            rows.append(((P8 @ Kt[:, :D_V]) / P.sum(-1, keepdim=True)).bfloat16().float())
-    torch.testing.assert_close(e4m3, torch.stack(rows), rtol=0, atol=1e-2)
+    by_hand = _low_precision_by_hand(case, lambda p: (p * 256).to(torch.float8_e4m3fn).float() / 256)
+    torch.testing.assert_close(e4m3, by_hand, rtol=0, atol=1e-2)
 
 
 def test_chunked_queries_match_unchunked(monkeypatch):
