@@ -21,20 +21,28 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import jit_mla  # noqa: E402
 from mla_data import assert_close_fa3, make_case  # noqa: E402
 
-# (label, B, q_lens (int: uniform, list: ragged), H, page, kv_lens, sinks)
+# (label, B, q_lens (int: uniform, list: ragged), H, page, kv_lens, sinks, types: "bf16", or
+# "fp8" (an e4m3 cache, bf16 query) or "fp8q" (e4m3 query and cache): the narrow fp8 kernels)
 CASES = [
-    ("uniform-tma", 3, 1, 16, 64, [1, 200, 1000], False),
-    ("uniform-q2-page1", 4, 2, 16, 1, [2, 9, 130, 700], False),
-    ("ragged-zero-len-sinks", 5, [2, 0, 3, 1, 0], 128, 32, [2, 0, 400, 77, 5], True),
-    ("split-long", 1, 1, 16, 64, [20000], False),
-    ("split-ragged-H128", 2, [1, 3], 128, 64, [9000, 15000], False),
+    ("uniform-tma", 3, 1, 16, 64, [1, 200, 1000], False, "bf16"),
+    ("uniform-q2-page1", 4, 2, 16, 1, [2, 9, 130, 700], False, "bf16"),
+    ("ragged-zero-len-sinks", 5, [2, 0, 3, 1, 0], 128, 32, [2, 0, 400, 77, 5], True, "bf16"),
+    ("split-long", 1, 1, 16, 64, [20000], False, "bf16"),
+    ("split-ragged-H128", 2, [1, 3], 128, 64, [9000, 15000], False, "bf16"),
+    ("fp8-ragged-tma", 3, [1, 0, 2], 16, 64, [300, 0, 77], False, "fp8"),
+    ("fp8-page1-H128-sinks", 2, 1, 128, 1, [130, 700], True, "fp8"),
+    ("fp8q-q2-tma-split", 2, 2, 16, 32, [5, 12000], False, "fp8q"),
+    ("fp8q-ragged-page3-H64-sinks", 3, [1, 3, 0], 64, 3, [40, 90, 0], True, "fp8q"),
 ]
 
 
-def run(label, B, q_lens, H, page, kv_lens, sinks) -> None:
+def run(label, B, q_lens, H, page, kv_lens, sinks, types) -> None:
     ragged = isinstance(q_lens, list)
-    cpu = make_case(B, q_lens, H, page, kv_lens, ragged=ragged, seed=11)
-    gpu = make_case(B, q_lens, H, page, kv_lens, ragged=ragged, seed=11, device="cuda")
+    fp8 = types in ("fp8", "fp8q")
+    kw_case = dict(ragged=ragged, seed=11, dtype=torch.float8_e4m3fn if fp8 else torch.bfloat16,
+                   q_dtype=torch.float8_e4m3fn if types == "fp8q" else torch.bfloat16)
+    cpu = make_case(B, q_lens, H, page, kv_lens, **kw_case)
+    gpu = make_case(B, q_lens, H, page, kv_lens, **kw_case, device="cuda")
     total_q = gpu.query.shape[0] if ragged else B * q_lens
     ws = torch.empty(jit_mla.get_workspace_size(B, H, total_q=total_q), dtype=torch.uint8, device="cuda")
     out, lse = jit_mla.trtllm_batch_decode_with_kv_cache_mla(
@@ -45,7 +53,8 @@ def run(label, B, q_lens, H, page, kv_lens, sinks) -> None:
     out_h, lse_h = out.cpu(), lse.cpu()  # copies of what our kernels wrote
     kw = {"sinks": cpu.sinks} if sinks else {}
     ref, ref_lse = cpu.reference(**kw)
-    ref_lowp, _ = cpu.reference(low_precision=True, **kw)
+    p_dtype = torch.float8_e4m3fn if types == "fp8q" else torch.bfloat16  # the kernels' P (reference)
+    ref_lowp, _ = cpu.reference(low_precision=True, p_dtype=p_dtype, **kw)
     assert_close_fa3(out_h.float(), ref, ref_lowp, name=f"out {label}")
     finite = torch.isfinite(ref_lse)
     assert torch.equal(torch.isfinite(lse_h), finite), f"lse finiteness {label}"
