@@ -405,8 +405,11 @@ def summary_lines(result: dict) -> list[str]:
                 lines.append(f"note: {row['name']}: {who} {'n/a: ' + r['na'] if r.get('na') else 'error: ' + r['error']}")
         chk = row.get("check") or {}
         if chk.get("suspect"):
-            lines.append(f"note: {row['name']}: ours and FlashInfer differ: max |diff| {chk['max_abs_diff']:.3g} "
+            other = chk.get("against", "FlashInfer")
+            lines.append(f"note: {row['name']}: ours and {other} differ: max |diff| {chk['max_abs_diff']:.3g} "
                          f"(max |out| {chk['max_abs_out']:.3g})")
+        elif chk.get("error"):
+            lines.append(f"note: {row['name']}: check failed: {chk['error']}")
     return lines
 
 
@@ -668,6 +671,28 @@ class Bench:
 
         return [make(i) for i in range(len(data["slabs"]))]
 
+    def check_fp8_query(self, shape: Shape, data: dict) -> dict:
+        """An e4m3-query row has no FlashInfer output to compare with: compare slab 0's output with
+        our bf16-query fp8 kernel on the same query upcast (exact), whose P is finer (bf16's
+        precision against e4m3's), so a few percent of |out| apart is expected; more is suspect."""
+        import jit_mla
+
+        torch = self.torch
+        try:
+            ws = torch.empty(jit_mla.get_workspace_size(shape.batch, shape.num_heads, total_q=shape.total_q,
+                                                        device=self.dev), dtype=torch.uint8, device=self.dev)
+            ragged = {"cum_seq_lens_q": data["cum_seq_lens_q"], "max_q_len": shape.max_q_len} if shape.ragged else {}
+            ref = jit_mla.trtllm_batch_decode_with_kv_cache_mla(
+                data["queries"][0].to(torch.bfloat16), data["slabs"][0], ws, QK_NOPE_HEAD_DIM, KV_LORA_RANK,
+                QK_ROPE_HEAD_DIM, data["block_tables"], data["seq_lens"], shape.max_kv_len, bmm1_scale=SM_SCALE,
+                **ragged)
+            diff = float((data["outs"][0].float() - ref.float()).abs().max())
+            peak = float(ref.float().abs().max())
+        except Exception as e:  # noqa: BLE001 - reported, not fatal
+            return {"against": "our bf16-query fp8 kernel", "error": f"{type(e).__name__}: {str(e)[:300]}"}
+        return {"against": "our bf16-query fp8 kernel", "max_abs_diff": diff, "max_abs_out": peak,
+                "suspect": diff > 0.05 + 0.05 * peak}
+
     # ---- FlashInfer -----------------------------------------------------------------------------
 
     def flashinfer_calls(self, fi_mla, shape: Shape, data: dict, fi_ws) -> tuple[list[Callable[[], object]], list]:
@@ -792,6 +817,8 @@ class Bench:
                 return
             if shape.q_fp8:
                 row["flashinfer"] = {"na": "FlashInfer's fa3 MLA takes no e4m3 query"}
+                if "us" in row.get("ours", {}):
+                    row["check"] = self.check_fp8_query(shape, data)
                 return
             try:
                 fi_calls, fi_outs = self.flashinfer_calls(fi_mla, shape, data, fi_ws)
