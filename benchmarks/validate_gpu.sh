@@ -6,9 +6,9 @@
 #
 # Run on the H200 from the repository root (device tool, carry [".gpu-wheels"], plus ".ab" when
 # VARIANTs are named: `python benchmarks/ab.py prepare NAME PATCH...` here first). In order, each
-# under a timeout, logs in $LOGS (default /tmp/o): GPU suite, fuzz (200 examples), the four
-# sanitizers, the main job, the full benchmark with FlashInfer (JSON + PNG under
-# $LOGS/results, labelled COMMIT), then `ab.py run --rounds 2 VARIANT...`. Everything is packed
+# under a timeout, logs in $LOGS (default /tmp/o): the cubin's LDGSTS forms, GPU suite, fuzz
+# (200 examples), the four sanitizers, the main job, the full benchmark with FlashInfer (JSON +
+# PNG under $LOGS/results, labelled COMMIT), then `ab.py run --rounds 2 VARIANT...`. Everything is packed
 # into $OUT/all.tgz after the benchmark and again at the end, so a run cut short still returns
 # its logs. About 4 minutes without variants (suite ~80 s, fuzz ~25 s, sanitizers ~45 s,
 # benchmark ~30 s, start-up); each variant adds ~30 s.
@@ -29,6 +29,11 @@ pack() { [[ -n "${OUT:-}" ]] && tar czf "$OUT/all.tgz" -C "$(dirname "$logs")" "
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv > "$logs/smi.txt" 2>&1
 # The GPU suite's files: ab.py's list, the one place that names them.
 read -ra suite <<< "$(python3 -c 'import sys; sys.path.insert(0, "benchmarks"); import ab; print(*ab.SUITE)')"
+# ptxas 13.0 once emitted `LDGSTS [R+UR], desc[UR]` for a cp.async kernel, which the H200 rejects
+# as an illegal instruction (a sticky error that fails the rest of the suite; perf-notes Session 9).
+# The CPU machines have no disassembler, so the cubin's copies are checked here, before the tests.
+step sass_check 60 bash -c 'n=$(cuobjdump --dump-sass cubins/sm_90a/mla_sm90.cubin | grep LDGSTS | grep -c "+UR");
+  echo "LDGSTS with a uniform-register offset: $n"; [[ "$n" == 0 ]]'
 step suite 240 python3 -m pytest -q "${suite[@]}"
 JIT_MLA_FUZZ_EXAMPLES=200 step fuzz 150 python3 -m pytest -q -s tests/test_fuzz_gpu.py
 OUT="$logs/san" step san 180 bash tests/gpu_sanitize.sh
