@@ -486,7 +486,8 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
       for (int t = 0; t < kT; ++t)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          float hi = stc[0][4 * t + e], lo = kQ8 ? 0.f : stc[0][(4 * (t + kT) + e) % (kQRows / 2)];
+          float hi = stc[0][4 * t + e], lo = 0.f;
+          if constexpr (!kQ8) lo = stc[0][4 * (t + kT) + e];
 #pragma unroll
           for (int c = 1; c < kChains; ++c) {
             hi += stc[c][4 * t + e];

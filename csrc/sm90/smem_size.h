@@ -55,8 +55,9 @@ static_assert(narrow_smem_bytes<32>() + 128 <= 227 * 1024, "shared memory over t
 
 // The fp8 narrow kernel (attention_narrow_fp8.cuh): KV blocks stay fp8 in shared memory (9
 // boxes of (64 tokens, 64) e4m3 in the 64B swizzle, 36 KiB; K read by fp8 wgmmas from there, V
-// through registers), so a stage is half a bf16 one and each warpgroup keeps two blocks in flight: stages 2w and 2w + 1
-// (contiguous: together they hold the warpgroup's (kN, 512) fp32 O at the end of a unit). Q is
+// through registers), so a stage is half a bf16 one and each warpgroup keeps two blocks in
+// flight: stages 2w and 2w + 1 (contiguous: together they hold the warpgroup's (kN, 512) fp32 O
+// at the end of a unit). Q is
 // two e4m3 rows per query row (hi, lo; an e4m3 query: one) in the 64B swizzle; P is e4m3 rows
 // (hi, lo; an e4m3 query: hi only) with permuted columns (the kernel's header says why).
 constexpr int kFp8BoxBytes = kBlockN * kBoxCols;               // 4 KiB
