@@ -249,6 +249,10 @@ def shape_table() -> list[Shape]:
         uniform_shape(64, 8192, 16, 1, "TP8 decode, fp8 q + KV", q_fp8=True),
         uniform_shape(128, 4096, 16, 2, "TP8 MTP 2, fp8 q + KV", q_fp8=True),
         uniform_shape(128, 4096, 128, 1, "TP1 decode, fp8 q + KV", q_fp8=True),
+        uniform_shape(64, 8192, 16, 4, "TP8 MTP 4, fp8 q + KV", q_fp8=True),
+        uniform_shape(8, 4096, 128, 1, "TP1 batch 8, fp8 q + KV", q_fp8=True),
+        Shape("spec_b64_q1to4_kv4096_h128_fp8q", 128, spec_q, (4096,) * 64, ragged=True,
+              role="ragged spec decode, fp8 q + KV", kv_fp8=True, q_fp8=True),
     ]
 
 

@@ -22,7 +22,8 @@ import jit_mla  # noqa: E402
 from mla_data import assert_close_fa3, make_case  # noqa: E402
 
 # (label, B, q_lens (int: uniform, list: ragged), H, page, kv_lens, sinks, types: "bf16", or
-# "fp8" (an e4m3 cache, bf16 query) or "fp8q" (e4m3 query and cache): the narrow fp8 kernels)
+# "fp8" (an e4m3 cache, bf16 query) or "fp8q" (e4m3 query and cache): the narrow fp8 kernels, and
+# the wide one for an e4m3 query of more than 32 rows with TMA pages)
 CASES = [
     ("uniform-tma", 3, 1, 16, 64, [1, 200, 1000], False, "bf16"),
     ("uniform-q2-page1", 4, 2, 16, 1, [2, 9, 130, 700], False, "bf16"),
@@ -33,6 +34,7 @@ CASES = [
     ("fp8-page1-H128-sinks", 2, 1, 128, 1, [130, 700], True, "fp8"),
     ("fp8q-q2-tma-split", 2, 2, 16, 32, [5, 12000], False, "fp8q"),
     ("fp8q-ragged-page3-H64-sinks", 3, [1, 3, 0], 64, 3, [40, 90, 0], True, "fp8q"),
+    ("fp8q-wide-H128-split-sinks", 2, [1, 2], 128, 64, [9000, 77], True, "fp8q"),
 ]
 
 

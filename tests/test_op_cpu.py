@@ -377,6 +377,11 @@ def test_kernel_choice_follows_the_launchers_page_size_rule():
     assert cli.attention_kernel(64, 16, fp8=True, fp8_query=True).startswith("mla_sm90_attention_narrow16_fp8q (TMA")
     assert cli.attention_kernel(24, 128, fp8=True, fp8_query=True).startswith(
         "mla_sm90_attention_narrow32_fp8q_any (cp.async")
+    # ... and beyond 32 rows with TMA pages the wide kernel (64-row units); 32 rows or no hint stay narrow
+    assert cli.attention_kernel(64, 128, fp8_query=True).startswith("mla_sm90_attention_wide_fp8q (TMA")
+    assert cli.attention_kernel(16, 33, fp8_query=True).startswith("mla_sm90_attention_wide_fp8q (TMA")
+    assert cli.attention_kernel(64, 32, fp8_query=True).startswith("mla_sm90_attention_narrow32_fp8q (TMA")
+    assert cli.attention_kernel(64, 0, fp8_query=True).startswith("mla_sm90_attention_narrow32_fp8q (TMA")
 
 
 def test_info_reports_the_next_call(capsys):

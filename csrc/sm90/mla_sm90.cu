@@ -9,6 +9,7 @@
 #include "attention_narrow.cuh"
 #include "attention_narrow_fp8.cuh"
 #include "attention_seesaw.cuh"
+#include "attention_wide_fp8.cuh"
 
 using jit_mla::MlaParams;
 
@@ -60,3 +61,5 @@ MLA_ATTENTION_KERNEL(mla_sm90_attention_narrow16_fp8q, jit_mla::sm90::attention_
 MLA_ATTENTION_KERNEL(mla_sm90_attention_narrow32_fp8q, jit_mla::sm90::attention_narrow_fp8<32, true, true>)
 MLA_ATTENTION_KERNEL(mla_sm90_attention_narrow16_fp8q_any, jit_mla::sm90::attention_narrow_fp8<16, false, true>)
 MLA_ATTENTION_KERNEL(mla_sm90_attention_narrow32_fp8q_any, jit_mla::sm90::attention_narrow_fp8<32, false, true>)
+// e4m3 query and cache, units of 64 rows (H 64 / 128, MTP, ragged: more than 32 rows), TMA pages.
+MLA_ATTENTION_KERNEL(mla_sm90_attention_wide_fp8q, jit_mla::sm90::attention_wide_fp8<true, true>)

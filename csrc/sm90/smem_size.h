@@ -79,6 +79,22 @@ constexpr int narrow_fp8_smem_bytes() {
 }
 static_assert(narrow_fp8_smem_bytes<32>() + 128 <= 227 * 1024, "shared memory over the sm_90 per-block limit");
 
+// The wide fp8 kernel (attention_wide_fp8.cuh; 64-row units, e4m3 query and cache): four fp8
+// stages (warpgroup w's blocks in 2w, 2w + 1, alternating; PV reads both warpgroups'), Q as
+// (64, 576) e4m3, each warpgroup's P as (64 rows, 64 token positions) e4m3.
+struct WideFp8Smem {
+  uint8_t kv[4][kFp8TileBytes];      // 9 boxes of (64 tokens, 64) e4m3, 64B swizzle
+  uint8_t q[kNumBoxesQK][kFp8BoxBytes];  // Q (64 rows, 576) e4m3 as 9 boxes of (64, 64), 64B swizzle
+  uint8_t p[2][kFp8BoxBytes];        // warpgroup w's block's P: 2^8 P in e4m3, permuted columns
+  float colmax[2][4][kBlockM];       // per warpgroup and warp: a block's column maxima (rows of
+                                     // Q), or at the end of a unit the warp's row sums
+  float m[kBlockM];                  // end of a unit: the running max per row
+  float fin[kBlockM];                // end of a unit: the factor of each output row
+  uint64_t bar[4][kNumBoxesQK];      // TMA mbarriers: [stage][box]
+};
+constexpr int kWideFp8SmemBytes = (int)sizeof(WideFp8Smem) + 1024;
+static_assert(kWideFp8SmemBytes + 128 <= 227 * 1024, "shared memory over the sm_90 per-block limit");
+
 // The end of a unit merges the two warpgroups' O (kN rows, 512) fp32, each in its own stage, rows
 // kMergeStride floats apart (8 more than 512: the float2 reads of 8 rows then hit 8 bank groups;
 // the fp8 kernel reads and writes through its merge_swizzle).

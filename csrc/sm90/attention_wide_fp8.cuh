@@ -1,0 +1,419 @@
+// The wide fp8 kernel: units of 64 rows for an e4m3 query and an e4m3 cache (mode 2), in the
+// narrow fp8 kernels' transposed tiles (attention_narrow_fp8.cuh: its header gives the fragment
+// layouts and token permutations used here too). A request of more than 32 rows (H 64 / 128, MTP,
+// ragged) ran as several 32-row units on the narrow kernels, each with its own softmax, P and
+// barriers per KV block (ncu, perf-notes Session 10: latency-bound at H 128 on 2.2x the bf16
+// kernel's instructions). Here one 64-row unit per CTA (H 128: CTA pairs, as the bf16 seesaw),
+// and each block's softmax is done once:
+//   - the two warpgroups take the unit's blocks in pairs: warpgroup w computes S^T = K Q^T of
+//     block kb0 + 2k + w (m64n64k32 e4m3 wgmmas, both operands from shared memory), its column
+//     maxima, and after one CTA barrier both know the pair's new running max per row (the same
+//     value in both: each reads all eight warps' maxima);
+//   - each writes its block's P (2^8 P in e4m3) to shared memory; after a second barrier both
+//     run PV over both blocks of the pair: O^T = V^T P^T split by V columns, warpgroup w holding
+//     columns [256 w, 256 w + 256) for all 64 rows (4 tiles of m64n64: 128 registers), A = V^T
+//     from the stage by ldmatrix .trans + byte permutes, B = the block's P;
+//   - the next pair's QK^T is issued right behind this pair's PV, so the tensor cores have work
+//     while the pair's softmax waits for its barrier.
+// The running max, sums and O^T columns are disjoint or shared per row, so the unit ends without a
+// merge of the two warpgroups' O: a row's sum is the two warpgroups' sums added.
+// TMA pages only (the launcher sends other page sizes to the narrow _fp8q_any kernels).
+#pragma once
+#include "attention_narrow_fp8.cuh"
+
+namespace jit_mla::sm90 {
+
+template <>
+struct WgmmaRsE4m3<64> {
+  static __device__ __forceinline__ void mma(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
+        "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1;\n"
+        "}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "n"(1));
+  }
+};
+
+// e4m3 Q rows [row_base, row_base + rows) -> sQ as 9 boxes of (64 rows, 64 bytes) in the 64B
+// swizzle, rows past `rows` zero. All 256 threads, 16 bytes each step (consecutive threads take
+// consecutive chunks of a row).
+__device__ __forceinline__ void load_q_rows_wide(uint8_t* sQ, const MlaParams& p, long long row_base, int rows) {
+  constexpr int kRowChunks = kHeadDimQK / 16;  // 36
+  const uint8_t* q = static_cast<const uint8_t*>(p.q);
+  for (int i = threadIdx.x; i < kBlockM * kRowChunks; i += kNumThreads) {
+    const int c = i / kRowChunks, k = i % kRowChunks;  // row, 16-byte chunk: box k / 4, chunk k % 4
+    const uint4 v = c < rows ? __ldg(reinterpret_cast<const uint4*>(q + (row_base + c) * kHeadDimQK) + k)
+                             : make_uint4(0, 0, 0, 0);
+    *reinterpret_cast<uint4*>(sQ + (k >> 2) * kFp8BoxBytes + sw64(c, k & 3)) = v;
+  }
+}
+
+// Warp reduce-scatter over the 8 row lanes (lane bits 2-4): v[j] (j = 2 t + e: column 8 t + 2 q4
+// + e of the accumulator layout) reduced by `op` over the lanes of the same q4; lane (r8, q4) ends
+// with columns 8 r8 + 2 q4 + {0, 1} in out[0], out[1]. 14 shuffles instead of 48.
+template <typename Op>
+__device__ __forceinline__ void reduce_scatter16(const float (&v)[16], float (&out)[2], Op op) {
+  const int lane = threadIdx.x & 31;
+  float v1[8], v2[4];
+  const bool b4 = lane & 16, b3 = lane & 8, b2 = lane & 4;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {  // keep half j + 8 b4, send the other half
+    const float send = b4 ? v[j] : v[j + 8];
+    v1[j] = op(b4 ? v[j + 8] : v[j], __shfl_xor_sync(0xffffffffu, send, 16));
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const float send = b3 ? v1[j] : v1[j + 4];
+    v2[j] = op(b3 ? v1[j + 4] : v1[j], __shfl_xor_sync(0xffffffffu, send, 8));
+  }
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const float send = b2 ? v2[j] : v2[j + 2];
+    out[j] = op(b2 ? v2[j + 2] : v2[j], __shfl_xor_sync(0xffffffffu, send, 4));
+  }
+}
+
+// The inverse: lane (r8, q4) holds in[e] for column 8 r8 + 2 q4 + e; every lane gets v[2 t + e]
+// = column 8 t + 2 q4 + e (from lane (t, q4)). 14 shuffles.
+__device__ __forceinline__ void all_gather16(const float (&in)[2], float (&v)[16]) {
+  const int lane = threadIdx.x & 31;
+  const bool b4 = lane & 16, b3 = lane & 8, b2 = lane & 4;
+  float v2[4], v1[8];
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {  // this lane's half is j + 2 b2 of v2
+    const float got = __shfl_xor_sync(0xffffffffu, in[j], 4);
+    v2[j] = b2 ? got : in[j];
+    v2[j + 2] = b2 ? in[j] : got;
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const float got = __shfl_xor_sync(0xffffffffu, v2[j], 8);
+    v1[j] = b3 ? got : v2[j];
+    v1[j + 4] = b3 ? v2[j] : got;
+  }
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const float got = __shfl_xor_sync(0xffffffffu, v1[j], 16);
+    v[j] = b4 ? got : v1[j];
+    v[j + 8] = b4 ? v1[j] : got;
+  }
+}
+
+struct FMax {
+  __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+struct FAdd {
+  __device__ __forceinline__ float operator()(float a, float b) const { return a + b; }
+};
+
+template <bool kTma, bool kQ8>
+__device__ void attention_wide_fp8(const MlaParams& p) {
+  static_assert(kTma && kQ8, "the wide fp8 kernel is written for TMA pages and an e4m3 query");
+  // P is stored as 2^kPShift P in e4m3 (as the narrow fp8 kernels: e4m3 keeps P down to 2^-17 of
+  // the row max); the row sums and O carry the factor, the row max handed to the store drops it.
+  constexpr float kPShift = 8.f;
+  // PV: commit groups per k-step (4 / kG tiles each), at most two in flight, so that a group's A
+  // registers are free when they are rewritten.
+  constexpr int kG = 2, kTiles = 4 / kG;
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t raw_addr = smem_u32(smem_raw);
+  WideFp8Smem& ss = *reinterpret_cast<WideFp8Smem*>(smem_raw + ((1024 - (raw_addr & 1023)) & 1023));
+
+  const int tid = threadIdx.x, tw = tid % 128, lane = tid & 31, q4 = lane & 3, r8 = lane >> 2;
+  const int wg = __shfl_sync(0xffffffffu, tid / 128, 0);  // warp-uniform: wgmma under it is not serialized
+  const int warp = tw / 32;
+  const int r_a = 16 * warp + r8, r_b = r_a + 8;  // S^T accumulator rows: tokens
+  // V^T by ldmatrix: warp w of warpgroup g holds V columns 256 g + 64 w + [0, 64) = V box 4 g + w;
+  // tile i reads chunk i of it (its 16 columns); lane l gives token row l of a k-step's 32.
+  const int vbox = (4 * wg + warp) * kFp8BoxBytes;
+  int voff[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) voff[i] = vbox + sw64(lane, i);
+
+  if (tid == 0) {
+    for (int st = 0; st < 4; ++st)
+      for (int bx = 0; bx < kNumBoxesQK; ++bx) mbar_init(smem_u32(&ss.bar[st][bx]), 1);
+    fence_mbar_init();
+  }
+  __syncthreads();
+
+  const CtaRange cr = start_cta<kNumThreads>(p);
+  if (cr.group0 == cr.group_end) return;
+
+  const auto [scale_log2, bmm2] = call_scales(p);
+  // Blocks warpgroup w consumed so far (each warpgroup counts both: PV reads the partner's
+  // stage): w's j-th block is in stage 2 w + loads_w % 2, its TMA phase (loads_w / 2) % 2.
+  uint32_t loads0 = 0, loads1 = 0;
+  const uint64_t dq = make_smem_desc_sw64(smem_u32(&ss.q[0][0]));
+  const uint64_t dp0 = make_smem_desc_sw64(smem_u32(ss.p[0])), dp1 = make_smem_desc_sw64(smem_u32(ss.p[1]));
+
+  for (int grp = cr.group0; grp < cr.group_end; ++grp) {
+    const UnitWork w = unit_work(p, grp, cr.lane_m, cr.beg, cr.end);
+    if (!w.valid) continue;
+    const Unit& unit = w.unit;
+    const int kb0 = w.kb0, kb1 = w.kb1, kv_len = unit.kv_len;
+    const int* bt_row = p.block_tables + (long long)unit.b * p.block_table_stride;
+    const uint32_t loads = wg == 0 ? loads0 : loads1;  // this warpgroup's count at the unit's start
+
+    // Each warpgroup's first two blocks, one per stage.
+    if (tw < 32)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int kb = kb0 + wg + 2 * j;
+        if (kb < kb1) {
+          const int st = 2 * wg + ((loads + j) & 1);
+          issue_kv_fp8(p, smem_u32(ss.kv[st]), smem_u32(&ss.bar[st][0]), kb, block_pages(p, bt_row, kb, kv_len));
+        }
+      }
+    load_q_rows_wide(&ss.q[0][0], p, unit.q_row_base, unit.rows);
+    fence_proxy_async_smem();
+    __syncthreads();
+
+    // Row state in the scattered layout of reduce_scatter16: this lane's rows 8 r8 + 2 q4 + e.
+    float m_run[2] = {kMaxInit, kMaxInit};
+    // Row sums in the accumulator layout (columns 8 t + 2 q4 + e at 2 t + e), partial over this
+    // thread's tokens.
+    float l_run[16];
+#pragma unroll
+    for (int j = 0; j < 16; ++j) l_run[j] = 0.f;
+    // Blocks of rows that all see them need no mask: row 0 sees the fewest tokens.
+    const int lim_min = unit_row_limit(p, unit, 0);
+    float acc[4][32];  // O^T: tile i, rows r_a / r_b of the warp's slice: V columns
+                       // 256 wg + 16 (4 warp + i) + 2 r8 + 0 / 1 (narrow fp8 header)
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int j = 0; j < 32; ++j) acc[i][j] = 0.f;
+
+    // S^T = K Q^T of this warpgroup's block in stage `st` (phase `par`): 18 k-steps.
+    float st[32];
+    auto issue_qk = [&](int stage, uint32_t par) {
+      const uint32_t bars = smem_u32(&ss.bar[stage][0]);
+      const uint64_t da = make_smem_desc_sw64(smem_u32(ss.kv[stage]));
+#pragma unroll
+      for (int b = 0; b < kNumBoxesQK; ++b) kv_wait(bars + 8 * b, par, kSiteQkBox);
+      wgmma_fence();
+#pragma unroll
+      for (int b = 0; b < kNumBoxesQK; ++b)
+#pragma unroll
+        for (int u = 0; u < 2; ++u)
+          WgmmaSsE4m3<kBlockM>::mma(st, desc_add(da, b * kFp8BoxBytes + kFp8KStepBytes * u),
+                                    desc_add(dq, b * kFp8BoxBytes + kFp8KStepBytes * u), b + u > 0 ? 1 : 0);
+      wgmma_commit();
+    };
+    if (kb0 + wg < kb1) {
+      issue_qk(2 * wg + (loads & 1), (loads >> 1) & 1);
+      wgmma_wait<0>();
+      fence_regs(st);
+    }
+
+    for (int k0 = kb0; k0 < kb1; k0 += 2) {
+      const int kb = k0 + wg;
+      const bool has = kb < kb1, has1 = k0 + 1 < kb1;  // this warpgroup's block; warpgroup 1's
+      const uint32_t mine = wg == 0 ? loads0 : loads1;
+      const int stage = 2 * wg + (mine & 1);
+      const int stage0 = loads0 & 1, stage1 = 2 + (loads1 & 1);
+      const bool refill = kb + 4 < kb1;
+      const int refill_page = tw < 32 && refill ? block_pages(p, bt_row, kb + 4, kv_len) : p.num_pages;
+      tl_mark(kTlNBlockStart, mine);
+
+      // ---- mask, scale to log2, column maxima over the block's tokens -------------------------
+      float cm[16];
+      if (has) {
+        const int tok_a = kb * kBlockN + r_a, tok_b = kb * kBlockN + r_b;
+        const bool masked = (kb + 1) * kBlockN > lim_min;  // warpgroup-uniform
+#pragma unroll
+        for (int t = 0; t < 8; ++t)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float& xa = st[4 * t + e];
+            float& xb = st[4 * t + 2 + e];
+            xa *= scale_log2;
+            xb *= scale_log2;
+            if (masked) {
+              const int lim = unit_row_limit(p, unit, 8 * t + 2 * q4 + e);
+              xa = tok_a < lim ? xa : -INFINITY;
+              xb = tok_b < lim ? xb : -INFINITY;
+            }
+            cm[2 * t + e] = fmaxf(xa, xb);
+          }
+        float part[2];
+        reduce_scatter16(cm, part, FMax{});
+        *reinterpret_cast<float2*>(&ss.colmax[wg][warp][8 * r8 + 2 * q4]) = make_float2(part[0], part[1]);
+      } else {
+        *reinterpret_cast<float2*>(&ss.colmax[wg][warp][8 * r8 + 2 * q4]) = make_float2(-INFINITY, -INFINITY);
+      }
+      __syncthreads();  // B1: both warpgroups' column maxima
+      tl_mark(kTlNMaxShared, mine);
+
+      // ---- the pair's running max (same in both warpgroups), P into sP, O^T and sums rescaled --
+      float mn2[2], sc2[2];
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int c = 8 * r8 + 2 * q4 + e;
+        float bm = ss.colmax[0][0][c];
+#pragma unroll
+        for (int x = 1; x < 8; ++x) bm = fmaxf(bm, ss.colmax[x / 4][x % 4][c]);
+        mn2[e] = fmaxf(m_run[e], bm);
+        sc2[e] = exp2_approx(m_run[e] - mn2[e]);
+        m_run[e] = mn2[e];
+      }
+      float mn[16], sc[16];
+      all_gather16(mn2, mn);
+      if (__any_sync(0xffffffffu, sc2[0] != 1.f || sc2[1] != 1.f)) {
+        all_gather16(sc2, sc);
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+          for (int t = 0; t < 8; ++t)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[i][4 * t + e] *= sc[2 * t + (e & 1)];
+#pragma unroll
+        for (int j = 0; j < 16; ++j) l_run[j] *= sc[j];
+      }
+      if (has) {
+        uint8_t* pbuf = ss.p[wg];
+#pragma unroll
+        for (int t = 0; t < 8; ++t)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int c = 8 * t + 2 * q4 + e;
+            const float pa = exp2_approx(st[4 * t + e] - mn[2 * t + e] + kPShift);
+            const float pb = exp2_approx(st[4 * t + 2 + e] - mn[2 * t + e] + kPShift);
+            l_run[2 * t + e] += pa + pb;  // from P before rounding
+            // Tokens r_a, r_b at positions 16 warp + 2 r8 + {0, 1} (narrow fp8 header).
+            *reinterpret_cast<uint16_t*>(pbuf + sw64(c, warp) + 2 * r8) = (uint16_t)f32x2_to_e4m3x2(pa, pb);
+          }
+        // Token rows past kv_len hold anything (NaN included) and P = 0 does not cancel 0 * NaN:
+        // the last block's V bytes there are zeroed (QK^T is done with the stage).
+        if ((kb + 1) * kBlockN > kv_len) {
+          constexpr int kVBoxes = kHeadDimV / kBoxCols, kRowChunks = kBoxCols / 16;
+          static_assert(kVBoxes == 8 && kRowChunks == 4, "chunk i: box i & 7, row chunk (i >> 3) & 3, row i >> 5");
+          uint8_t* kv = ss.kv[stage];
+          const int first = kv_len - kb * kBlockN, n = (kBlockN - first) * kVBoxes * kRowChunks;
+          for (int i = tw; i < n; i += 128)
+            *reinterpret_cast<uint4*>(kv + (i & 7) * kFp8BoxBytes + (first + (i >> 5)) * kBoxCols +
+                                      ((i >> 3) & 3) * 16) = make_uint4(0, 0, 0, 0);
+        }
+      }
+      fence_proxy_async_smem();
+      __syncthreads();  // B2: both blocks' P and zeroed tails; colmax read by every warp
+      tl_mark(kTlNPShared, mine);
+
+      // ---- O^T += V^T P^T over both blocks of the pair; then the next pair's QK^T --------------
+#pragma unroll
+      for (int blk = 0; blk < 2; ++blk) {
+        if (blk == 1 && !has1) break;
+        const uint32_t vbase = smem_u32(ss.kv[blk == 0 ? stage0 : stage1]);
+        const uint64_t dp = blk == 0 ? dp0 : dp1;
+#pragma unroll
+        for (int s = 0; s < 2; ++s)
+#pragma unroll
+          for (int g = 0; g < kG; ++g) {
+            if (2 * kG * blk + kG * s + g >= 2) wgmma_wait<1>();
+            uint32_t a[kTiles][4];
+#pragma unroll
+            for (int x = 0; x < kTiles; ++x) {
+              uint32_t r[4];
+              ldsm_x4_trans(vbase + voff[kTiles * g + x] + s * 32 * kBoxCols, r);
+              a[x][0] = prmt(r[0], r[1], 0x6240);
+              a[x][1] = prmt(r[0], r[1], 0x7351);
+              a[x][2] = prmt(r[2], r[3], 0x6240);
+              a[x][3] = prmt(r[2], r[3], 0x7351);
+            }
+            wgmma_fence();
+#pragma unroll
+            for (int x = 0; x < kTiles; ++x)
+              WgmmaRsE4m3<kBlockM>::mma(acc[kTiles * g + x], a[x], desc_add(dp, s * kFp8KStepBytes));
+            wgmma_commit();
+          }
+      }
+      tl_mark(kTlNPvIssued, mine);
+      const bool next = kb + 2 < kb1;
+      // The two paths each end with every wgmma retired: merged while this warpgroup's QK^T was
+      // in flight, ptxas serialized the wgmmas (C7515: the other path's softmax defines S^T).
+      if (next) {
+        const uint32_t nl = mine + 1;
+        issue_qk(2 * wg + (nl & 1), (nl >> 1) & 1);
+        wgmma_wait<1>();
+        __syncthreads();  // B3: both warpgroups' PV done with the pair's stages
+        if (tw < 32 && refill) issue_kv_fp8(p, smem_u32(ss.kv[stage]), smem_u32(&ss.bar[stage][0]), kb + 4, refill_page);
+        wgmma_wait<0>();
+      } else {  // no refill either: it would be block kb + 4 > kb + 2
+        wgmma_wait<0>();
+        __syncthreads();  // B3 (the partner may still have a next block)
+      }
+      tl_mark(kTlNPvDone, mine);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) fence_regs(acc[i]);
+      fence_regs(st);
+      loads0 += 1;
+      loads1 += has1 ? 1 : 0;
+    }
+
+    // ---- epilogue: row sums over all 256 threads, then O straight from the accumulators --------
+    {
+      float part[2];
+      reduce_scatter16(l_run, part, FAdd{});
+      *reinterpret_cast<float2*>(&ss.colmax[wg][warp][8 * r8 + 2 * q4]) = make_float2(part[0], part[1]);
+      if (wg == 0 && warp == 0) *reinterpret_cast<float2*>(&ss.m[8 * r8 + 2 * q4]) = make_float2(m_run[0], m_run[1]);
+    }
+    __syncthreads();
+    // Row c (one thread each): its output factor, and its LSE (split: the partial's).
+    const int slot = partial_slot(p, cr.set, grp, cr.lane_m);
+    if (tid < kBlockM) {
+      const int c = tid;
+      float tot = 0.f;
+#pragma unroll
+      for (int x = 0; x < 8; ++x) tot += ss.colmax[x / 4][x % 4][c];
+      const float m = ss.m[c] - kPShift;
+      const bool seen = tot > 0.f && m != -INFINITY;
+      const float lse = seen ? m + log2f(tot) : -INFINITY;
+      float f = seen ? 1.f / tot : 0.f;
+      if (w.split) {
+        if (c < unit.rows) p.partial_lse[slot * kBlockM + c] = lse;
+      } else {
+        const RowFinal fr = finalize_row(lse, p.sinks, (unit.row0 + c) % p.num_heads, bmm2);
+        f *= fr.scale;
+        if (p.lse != nullptr && c < unit.rows) p.lse[unit.q_row_base + c] = fr.lse;
+      }
+      ss.fin[c] = f;
+    }
+    __syncthreads();
+    // acc[i][4 t + e]: row c = 8 t + 2 q4 + (e & 1), V column v0 + (e >> 1): one pair per row.
+    const int v0 = wg * kOCols + 16 * 4 * warp + 2 * r8;
+#pragma unroll
+    for (int t = 0; t < 8; ++t)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int c = 8 * t + 2 * q4 + e;
+        if (c >= unit.rows) continue;
+        const float f = ss.fin[c];
+        if (w.split) {
+          float* po = p.partial_o + ((long long)slot * kBlockM + c) * kHeadDimV + v0;
+#pragma unroll
+          for (int i = 0; i < 4; ++i)
+            *reinterpret_cast<float2*>(po + 16 * i) = make_float2(acc[i][4 * t + e] * f, acc[i][4 * t + 2 + e] * f);
+        } else {
+          __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out) + (unit.q_row_base + c) * kHeadDimV + v0;
+#pragma unroll
+          for (int i = 0; i < 4; ++i)
+            *reinterpret_cast<uint32_t*>(out + 16 * i) = pack_bf16x2(acc[i][4 * t + e] * f, acc[i][4 * t + 2 + e] * f);
+        }
+      }
+    // The next unit reuses Q (its generic writes come after this unit's wgmma reads), colmax, m
+    // and fin.
+    fence_proxy_async_smem();
+    __syncthreads();
+  }
+}
+
+}  // namespace jit_mla::sm90
