@@ -6,18 +6,21 @@
 // kernel's instructions). Here one 64-row unit per CTA (H 128: CTA pairs, as the bf16 seesaw),
 // and each block's softmax is done once:
 //   - the two warpgroups take the unit's blocks in pairs: warpgroup w computes S^T = K Q^T of
-//     block kb0 + 2k + w (m64n64k32 e4m3 wgmmas, both operands from shared memory), its column
-//     maxima, and after one CTA barrier both know the pair's new running max per row (the same
-//     value in both: each reads all eight warps' maxima);
+//     block kb0 + 2k + w (m64n64k32 e4m3 wgmmas, both operands from shared memory) and its column
+//     maxima; after a CTA barrier both know the pair's running max per row (the same value in
+//     both: each reads all eight warps' maxima; lazy, see kWLazyMax);
 //   - each writes its block's P (2^8 P in e4m3) to shared memory; after a second barrier both
 //     run PV over both blocks of the pair: O^T = V^T P^T split by V columns, warpgroup w holding
 //     columns [256 w, 256 w + 256) for all 64 rows (4 tiles of m64n64: 128 registers), A = V^T
 //     from the stage by ldmatrix .trans + byte permutes, B = the block's P;
-//   - the next pair's QK^T is issued right behind this pair's PV, so the tensor cores have work
-//     while the pair's softmax waits for its barrier.
+//   - the next pair's QK^T is issued right behind this pair's PV; a stage is refilled as soon as
+//     all 256 threads have issued their PV reads of it (an mbarrier per stage, no third barrier).
 // The running max, sums and O^T columns are disjoint or shared per row, so the unit ends without a
 // merge of the two warpgroups' O: a row's sum is the two warpgroups' sums added.
 // TMA pages only (the launcher sends other page sizes to the narrow _fp8q_any kernels).
+// Tried and dropped (session 11): a seesaw schedule (each warpgroup's max handed to the other by
+// mbarriers, no CTA barrier): 1.24x slower; ptxas needed more registers than there are for its
+// rescale-between-PVs paths, and serialized the wgmmas (C7512) unless PV ran one tile per group.
 #pragma once
 #include "attention_narrow_fp8.cuh"
 
@@ -129,8 +132,8 @@ __device__ void attention_wide_fp8(const MlaParams& p) {
   // the row max); the row sums and O carry the factor, the row max handed to the store drops it.
   constexpr float kPShift = 8.f;
   // PV: commit groups per k-step (4 / kG tiles each), at most two in flight, so that a group's A
-  // registers are free when they are rewritten.
-  constexpr int kG = 2, kTiles = 4 / kG;
+  // registers are free when they are rewritten (kG 1: 2% faster than 2 at B128 H128, same run).
+  constexpr int kG = 1, kTiles = 4 / kG;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw_addr = smem_u32(smem_raw);
   WideFp8Smem& ss = *reinterpret_cast<WideFp8Smem*>(smem_raw + ((1024 - (raw_addr & 1023)) & 1023));
@@ -147,8 +150,10 @@ __device__ void attention_wide_fp8(const MlaParams& p) {
   for (int i = 0; i < 4; ++i) voff[i] = vbox + sw64(lane, i);
 
   if (tid == 0) {
-    for (int st = 0; st < 4; ++st)
+    for (int st = 0; st < 4; ++st) {
       for (int bx = 0; bx < kNumBoxesQK; ++bx) mbar_init(smem_u32(&ss.bar[st][bx]), 1);
+      mbar_init(smem_u32(&ss.vfree[st]), kNumThreads);  // both warpgroups read every block
+    }
     fence_mbar_init();
   }
   __syncthreads();
@@ -346,20 +351,26 @@ __device__ void attention_wide_fp8(const MlaParams& p) {
             wgmma_commit();
           }
       }
+      // PV reads the stages only by ldmatrix (P comes from sP): once issued, this thread is done
+      // with both blocks. The owner's warp 0 refills its stage when all 256 threads are.
+      mbar_arrive(smem_u32(&ss.vfree[stage0]));
+      if (has1) mbar_arrive(smem_u32(&ss.vfree[stage1]));
       tl_mark(kTlNPvIssued, mine);
       const bool next = kb + 2 < kb1;
       // The two paths each end with every wgmma retired: merged while this warpgroup's QK^T was
       // in flight, ptxas serialized the wgmmas (C7515: the other path's softmax defines S^T).
+      // Every phase of vfree is waited for (a refill or not), so its phase stays the stage's use count.
       if (next) {
         const uint32_t nl = mine + 1;
         issue_qk(2 * wg + (nl & 1), (nl >> 1) & 1);
-        wgmma_wait<1>();
-        __syncthreads();  // B3: both warpgroups' PV done with the pair's stages
-        if (tw < 32 && refill) issue_kv_fp8(p, smem_u32(ss.kv[stage]), smem_u32(&ss.bar[stage][0]), kb + 4, refill_page);
+        if (tw < 32) {
+          mbar_wait(smem_u32(&ss.vfree[stage]), (mine >> 1) & 1);
+          if (refill) issue_kv_fp8(p, smem_u32(ss.kv[stage]), smem_u32(&ss.bar[stage][0]), kb + 4, refill_page);
+        }
         wgmma_wait<0>();
       } else {  // no refill either: it would be block kb + 4 > kb + 2
+        if (tw < 32 && has) mbar_wait(smem_u32(&ss.vfree[stage]), (mine >> 1) & 1);
         wgmma_wait<0>();
-        __syncthreads();  // B3 (the partner may still have a next block)
       }
       tl_mark(kTlNPvDone, mine);
 #pragma unroll

@@ -91,6 +91,7 @@ struct WideFp8Smem {
   float m[kBlockM];                  // end of a unit: the running max per row
   float fin[kBlockM];                // end of a unit: the factor of each output row
   uint64_t bar[4][kNumBoxesQK];      // TMA mbarriers: [stage][box]
+  uint64_t vfree[4];                 // per stage: both warpgroups done reading its block
 };
 constexpr int kWideFp8SmemBytes = (int)sizeof(WideFp8Smem) + 1024;
 static_assert(kWideFp8SmemBytes + 128 <= 227 * 1024, "shared memory over the sm_90 per-block limit");
