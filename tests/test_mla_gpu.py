@@ -200,6 +200,27 @@ def test_fp8_kv_cache(B, q_len, H, page, kind, extra, q8):
            p_dtype=torch.float8_e4m3fn if q8 else torch.bfloat16)
 
 
+# The running max moving late in the KV, many times: each page's K and V scaled by its own factor
+# in [0.3, 3] (logits up to ~3x), pages in random order, so blocks far into a request raise a
+# row's max by more than the kernels' lazy threshold and O (and the sums) are rescaled mid-way
+# (random N(0, 1) data alone moves it mostly in the first blocks). Both query types; H 128 and
+# MTP 2 at H 64 take the wide kernel with an e4m3 query.
+@pytest.mark.parametrize("q8", [False, True], ids=["q-bf16", "q-e4m3"])
+@pytest.mark.parametrize("B,q_len,H,page,kv_lens", [
+    (4, 1, 128, 64, [3000, 700, 65, 4097]),
+    (3, 2, 64, 32, [2000, 129, 5000]),
+])
+def test_fp8_max_moves_late(B, q_len, H, page, kv_lens, q8):
+    case = make_case(B, q_len, H, page, kv_lens, dtype=torch.float8_e4m3fn,
+                     q_dtype=torch.float8_e4m3fn if q8 else torch.bfloat16, device=DEV, seed=29 + H)
+    gen = torch.Generator(device="cpu").manual_seed(31)
+    factor = torch.empty(case.kv_cache.shape[0]).uniform_(0.3, 3.0, generator=gen).to(DEV)
+    case.kv_cache = (case.kv_cache.float() * factor[:, None, None]).to(torch.float8_e4m3fn)  # NaN stays NaN
+    out, lse = _run(case)
+    _check(case, out, lse, label=f"fp8 max moves late B{B} q{q_len} H{H} q8={q8}",
+           p_dtype=torch.float8_e4m3fn if q8 else torch.bfloat16)
+
+
 # Query rows far outside e4m3's (and f16's) range (|q| up to ~2^19, or ~2^-18), bmm1_scale scaled
 # back by the same power of 2, so the logits are those of N(0, 1) data: a kernel that put Q in
 # e4m3 without its per-row exponent would saturate, or lose the small rows' digits.
