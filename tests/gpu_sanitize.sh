@@ -25,9 +25,10 @@ fi
 
 # [B-q-H-page-kind-ragged: uniform page 64; uniform q2 page 1; ragged page 1 with sinks; ragged
 # page 64 (B 3); an fp8 cache of page 8 (the narrow fp8 kernel, 8 TMA chunks per block) and of
-# page 1 (its cp.async twin); fp8 at H 128 (32-row units, four CTAs side by side): uniform q2
-# page 32, ragged page 1; the bf16 narrow kernel at 32 rows (q8 H3); plus the zero-length
-# (padded slot) test; the fp8 cases run with a bf16 and with an e4m3 query (the _fp8q kernels).
+# page 1 (its cp.async twin); fp8 at H 128: uniform q2 page 32 (bf16 query: 32-row units, four
+# CTAs side by side; e4m3 query: the wide kernel, 64-row units), ragged page 1; the bf16 narrow
+# kernel at 32 rows (q8 H3); plus the zero-length (padded slot) test; the fp8 cases run with a
+# bf16 and with an e4m3 query (the _fp8q kernels).
 k_default='[1-1-16-64-short-False or [8-2-16-1-short-False or 128-1-short-True'
 k_default+=' or [3-q_len17-128-64-mixed-True or [8-1-16-8-mixed or [4-1-16-1-mixed or test_zero_length_requests'
 k_default+=' or [8-2-128-32-mixed or [8-q_len23-128-1-short or [64-8-3-64-short-False'
