@@ -1,6 +1,7 @@
 """Property-based fuzzing of the attention kernels against the float32 reference (sm_90a).
 
-Hypothesis draws a call: batch 1..40, heads, page size, uniform (4-D or flattened 3-D query) or
+Hypothesis draws a call: bf16, an fp8 e4m3 cache with a bf16 query, or both e4m3; batch 1..40,
+heads, page size, uniform (4-D or flattened 3-D query) or
 ragged layout with per-request query lengths 0..8, KV lengths from the query length up to 3000
 (the shortest legal ones and page boundaries included), 3-D/4-D cache, pool padding, sinks,
 float or device-tensor scales, lse or not, PDL on/off, loose max_q_len/max_seq_len hints. Data are
@@ -79,6 +80,7 @@ def calls(draw) -> dict:
     else:
         q_lens = [draw(st.integers(1, MAX_Q))] * batch
     return {
+        "kv": draw(st.sampled_from(["bf16", "fp8", "fp8q"])),  # fp8q: e4m3 query and cache
         "batch": batch,
         "heads": draw(st.sampled_from(HEADS)),
         "page": page,
@@ -111,9 +113,12 @@ def run_call(p: dict) -> None:
     print(f"fuzz case: {p!r}", flush=True)
     ragged = p["layout"] == "ragged"
     B, H = p["batch"], p["heads"]
+    kind = p.get("kv", "bf16")  # cases printed before the fp8 draw replay as bf16
+    fp8 = torch.float8_e4m3fn
     case = make_case(
         B, p["q_lens"] if ragged else p["q_lens"][0], H, p["page"], p["kv_lens"], ragged=ragged,
         cache_4d=p["cache_4d"], pool_padding=p["pool_padding"], device=DEV, seed=p["seed"],
+        dtype=torch.bfloat16 if kind == "bf16" else fp8, q_dtype=fp8 if kind == "fp8q" else torch.bfloat16,
     )
     # query: [B, q, H, 576] (uniform), [B*q, H, 576] without cum_seq_lens_q (uniform_3d), or
     # [total_q, H, 576] with it (ragged). out/lse follow the query's layout.
@@ -142,7 +147,8 @@ def run_call(p: dict) -> None:
     check_case(
         case, out.view(shape + (512,)), None if lse is None else lse.view(shape),
         bmm1=bmm1, bmm2=p["bmm2"], sinks=p["sinks"],
-        label=f"fuzz B{B} H{H} p{p['page']} {p['layout']} seed {p['seed']}",
+        label=f"fuzz {kind} B{B} H{H} p{p['page']} {p['layout']} seed {p['seed']}",
+        p_dtype=fp8 if kind == "fp8q" else torch.bfloat16,
     )
 
 

@@ -29,12 +29,13 @@ SENTINEL = {1: 0xA5, 2: 0x7FA5, 4: 0x7FA5A5A5}
 BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32}
 
 
-def check_case(case, out, lse, *, bmm1=None, bmm2=1.0, sinks=False, label=""):
-    """``out`` (and ``lse`` when not None), in the case's query layout, against the reference."""
+def check_case(case, out, lse, *, bmm1=None, bmm2=1.0, sinks=False, label="", p_dtype=torch.bfloat16):
+    """``out`` (and ``lse`` when not None), in the case's query layout, against the reference.
+    p_dtype: how the kernel rounds P (e4m3 for an e4m3 query), for the low-precision reference."""
     kw = dict(bmm1_scale=case.bmm1_scale if bmm1 is None else bmm1, bmm2_scale=bmm2)
     kw["sinks"] = case.sinks if sinks else None
     ref, ref_lse = case.reference(**kw)
-    ref_lowp, _ = case.reference(low_precision=True, **kw)
+    ref_lowp, _ = case.reference(low_precision=True, p_dtype=p_dtype, **kw)
     stats = assert_close_fa3(out.float(), ref, ref_lowp, name=f"out {label}")
     lse_err = 0.0
     if lse is not None:
