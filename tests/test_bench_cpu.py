@@ -78,7 +78,7 @@ def test_visible_flops_follow_the_bottom_right_causal_mask(bench):
 
 def test_table_and_calls_per_replay(bench):
     shapes = bench.shape_table()
-    assert len(shapes) == 23 and len({s.name for s in shapes}) == 23
+    assert len(shapes) == 26 and len({s.name for s in shapes}) == 26
     spec = _by_name(bench, "spec_b64_q1to4_kv4096_h128")
     assert spec.ragged and spec.batch == 64 and set(spec.q_lens) <= {1, 2, 3, 4} and len(set(spec.q_lens)) > 1
     assert spec.q_lens == bench.shape_table()[11].q_lens  # seeded: the same every run
@@ -96,12 +96,12 @@ def test_shape_selection(bench):
     shapes = bench.shape_table()
     picked = bench.select_shapes(shapes, "0,spec_*,b1_kv65536_h128_q1")
     assert [s.name for s in picked] == ["b128_kv4096_h128_q1", "b1_kv65536_h128_q1", "spec_b64_q1to4_kv4096_h128",
-                                        "spec_b64_q1to4_kv4096_h128_fp8"]
+                                        "spec_b64_q1to4_kv4096_h128_fp8", "spec_b64_q1to4_kv4096_h128_fp8q"]
     assert bench.select_shapes(shapes, None) == shapes
     with pytest.raises(ValueError, match="matches no shape"):
         bench.select_shapes(shapes, "nope")
     with pytest.raises(ValueError, match="out of range"):
-        bench.select_shapes(shapes, "23")
+        bench.select_shapes(shapes, "26")
 
 
 def test_dry_run_prints_the_table_without_a_gpu():
