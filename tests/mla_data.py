@@ -286,3 +286,36 @@ def _as_f32(x: torch.Tensor, device) -> torch.Tensor:
 def _first_index(mask: torch.Tensor) -> tuple[int, ...]:
     flat = int(mask.reshape(-1).nonzero()[0, 0])
     return tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), mask.shape))
+
+
+# Hopper's fp8 wgmma accumulates with reduced precision (about 14 significant bits, DeepSeek-V3's
+# report), so a score's error grows with sum_i |q_i k_i|, not with the score. The LSE moves by at
+# most its largest score error (its derivative in each score is a softmax weight), so with an fp8
+# cache its bound is 2^-11 (a 4x margin on 2^-13) of that sum in log2 units, or 0.02, the bf16
+# bound, whichever is larger. Measured: 0.023 at 2^-11.8 of the sum (fuzz, bmm1_scale x 1.7), 0.031
+# at 2^-12.2 (logits x 3).
+LSE_TOL = 2e-2
+FP8_ACCUM_REL = 2.0**-11
+
+
+def lse_tolerance(case: MLACase, bmm1_scale: Optional[float] = None) -> float:
+    """The LSE bound of a case: LSE_TOL, or for an fp8 cache FP8_ACCUM_REL of the largest
+    sum_i |q_i k_i| * bmm1_scale * log2(e) over its rows and visible keys, if larger."""
+    if case.kv_cache.dtype.itemsize != 1:
+        return LSE_TOL
+    scale = abs(float(case.bmm1_scale if bmm1_scale is None else bmm1_scale)) * 1.4426950408889634
+    kv = case.kv_cache.reshape(-1, case.kv_cache.shape[-2], D_QK)  # [pages, page_size, 576]
+    page_size = kv.shape[1]
+    q = case.query.reshape(-1, case.query.shape[-2], D_QK)  # [total_q, H, 576]
+    cum = case.cum_seq_lens_q.tolist() if case.cum_seq_lens_q is not None else None
+    n_uniform = q.shape[0] // len(case.kv_lens)
+    worst, row = 0.0, 0
+    for b, L in enumerate(case.kv_lens):
+        n = (cum[b + 1] - cum[b]) if cum is not None else n_uniform
+        if n > 0 and L > 0:
+            pages = case.block_tables[b, : -(-L // page_size)].long()
+            k = kv[pages].reshape(-1, D_QK)[:L].float().abs()
+            worst = max(worst, float(torch.einsum("thd,jd->thj", q[row : row + n].float().abs(), k).max()))
+        row += n
+    return max(LSE_TOL, FP8_ACCUM_REL * worst * scale)
+

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import error_log
-from mla_data import SM_SCALE, assert_close_fa3, make_case, poisoned_lse, poisoned_out
+from mla_data import SM_SCALE, assert_close_fa3, lse_tolerance, make_case, poisoned_lse, poisoned_out
 
 pytestmark = pytest.mark.requires_sm90a
 
@@ -74,7 +74,8 @@ def _check(case, out, lse, *, sinks=False, bmm2=1.0, label="", p_dtype=torch.bfl
     assert torch.equal(torch.isfinite(lse), finite), f"lse finiteness differs {label}"
     assert torch.equal(lse[~finite], ref_lse[~finite]), f"lse -inf rows differ {label}"
     lse_err = float((lse[finite] - ref_lse[finite]).abs().max()) if bool(finite.any()) else 0.0
-    assert lse_err < 2e-2, f"lse error {lse_err} {label}"
+    tol = lse_tolerance(case)
+    assert lse_err < tol, f"lse error {lse_err} (bound {tol:.4f}) {label}"
     error_log.record(label, stats, lse_err)
 
 
@@ -202,12 +203,11 @@ def test_fp8_kv_cache(B, q_len, H, page, kind, extra, q8):
 
 
 # The running max moving late in the KV, many times: each page's K and V scaled by its own factor
-# in [0.5, 1.5], pages in random order, so blocks far into a request raise a row's max by several
-# log2 units, past the kernels' lazy threshold, and O (and the sums) are rescaled mid-way (random
-# N(0, 1) data alone moves it mostly in the first blocks). Both query types; H 128 and MTP 2 at
-# H 64 take the wide kernel with an e4m3 query. (Factors up to 3 tripled the logits and failed the
-# LSE bound of 0.02 in both kernels alike, 0.025-0.031: fp8 wgmma's reduced accumulation precision
-# on 3x larger scores; the outputs passed.)
+# in [0.3, 3] (logits up to ~3x), pages in random order, so blocks far into a request raise a
+# row's max by several log2 units, past the kernels' lazy threshold, and O (and the sums) are
+# rescaled mid-way (random N(0, 1) data alone moves it mostly in the first blocks). Both query
+# types; H 128 and MTP 2 at H 64 take the wide kernel with an e4m3 query. The LSE bound scales
+# with the logits here (mla_data.lse_tolerance: fp8 wgmma accumulation).
 @pytest.mark.parametrize("q8", [False, True], ids=["q-bf16", "q-e4m3"])
 @pytest.mark.parametrize("B,q_len,H,page,kv_lens", [
     (4, 1, 128, 64, [3000, 700, 65, 4097]),
@@ -217,7 +217,7 @@ def test_fp8_max_moves_late(B, q_len, H, page, kv_lens, q8):
     case = make_case(B, q_len, H, page, kv_lens, dtype=torch.float8_e4m3fn,
                      q_dtype=torch.float8_e4m3fn if q8 else torch.bfloat16, device=DEV, seed=29 + H)
     gen = torch.Generator(device="cpu").manual_seed(31)
-    factor = torch.empty(case.kv_cache.shape[0]).uniform_(0.5, 1.5, generator=gen).to(DEV)
+    factor = torch.empty(case.kv_cache.shape[0]).uniform_(0.3, 3.0, generator=gen).to(DEV)
     case.kv_cache = (case.kv_cache.float() * factor[:, None, None]).to(torch.float8_e4m3fn)  # NaN stays NaN
     out, lse = _run(case)
     _check(case, out, lse, label=f"fp8 max moves late B{B} q{q_len} H{H} q8={q8}",

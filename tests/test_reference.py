@@ -12,6 +12,7 @@ from mla_data import (
     D_V,
     SM_SCALE,
     assert_close_fa3,
+    lse_tolerance,
     make_case,
     max_error,
     poisoned_lse,
@@ -405,3 +406,16 @@ def test_cuda_matches_cpu():
     )
     assert got[0].device.type == "cuda"
     torch.testing.assert_close((got[0].cpu(), got[1].cpu()), want, rtol=1e-5, atol=1e-5)
+
+
+def test_lse_tolerance_grows_with_the_fp8_logits():
+    # bf16 cache: the fixed bound; fp8: 2^-11 of the largest sum |q_i k_i| in log2 units, which
+    # scales with the data (here K and V x 4, exact in e4m3 away from its range ends).
+    bf16 = make_case(3, 2, 16, 16, [40, 1, 77], seed=2)
+    assert lse_tolerance(bf16) == 0.02
+    fp8 = make_case(3, 2, 16, 16, [40, 1, 77], dtype=torch.float8_e4m3fn, seed=2)
+    base = lse_tolerance(fp8)
+    fp8.kv_cache = (fp8.kv_cache.float() * 4).to(torch.float8_e4m3fn)
+    assert lse_tolerance(fp8) == pytest.approx(max(0.02, 4 * base), rel=1e-5) and lse_tolerance(fp8) > 0.02
+    assert lse_tolerance(fp8, fp8.bmm1_scale / 8) == pytest.approx(max(0.02, base / 2), rel=1e-5)
+
