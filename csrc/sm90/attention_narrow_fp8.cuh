@@ -336,6 +336,33 @@ __device__ __forceinline__ int token_page(const MlaParams& p, const int* bt_row,
   return tok < kv_len ? __ldg(bt_row + page_index(tok, p.page_size)) : p.num_pages;
 }
 
+// V token rows [first, 64) of an fp8 stage (its 8 V boxes) zeroed by the 128 threads of a
+// warpgroup (tw: the thread's index in it): a page's rows past kv_len hold anything (NaN
+// included), and P = 0 does not cancel 0 * NaN. The caller publishes the stores (proxy fence,
+// barrier).
+__device__ __forceinline__ void zero_v_rows_fp8(uint8_t* kv, int first, int tw) {
+  constexpr int kVBoxes = kHeadDimV / kBoxCols, kRowChunks = kBoxCols / 16;
+  static_assert(kVBoxes == 8 && kRowChunks == 4, "chunk i: box i & 7, row chunk (i >> 3) & 3, row i >> 5");
+  const int n = (kBlockN - first) * kVBoxes * kRowChunks;
+  for (int i = tw; i < n; i += 128)
+    *reinterpret_cast<uint4*>(kv + (i & 7) * kFp8BoxBytes + (first + (i >> 5)) * kBoxCols + ((i >> 3) & 3) * 16) =
+        make_uint4(0, 0, 0, 0);
+}
+
+// The A fragment of one PV tile and k-step (32 tokens x 16 V columns, e4m3) from the stage:
+// `addr` is this lane's token row of the ldmatrix (header: token order and V column order).
+// Lane (r8, q4) gets in r[j] tokens 8 j + 2 q4 + {0, 1}, V columns 2 r8 + {0, 1}; prmt 0x6240
+// takes column 2 r8 (A row r8) of tokens 2 q4, 8 + 2 q4, 2 q4 + 1, 9 + 2 q4 as k positions
+// 4 q4 + [0, 4), 0x7351 column 2 r8 + 1 (A row r8 + 8); r[2], r[3] the same 16 tokens later.
+__device__ __forceinline__ void v_fragment(uint32_t addr, uint32_t (&a)[4]) {
+  uint32_t r[4];
+  ldsm_x4_trans(addr, r);
+  a[0] = prmt(r[0], r[1], 0x6240);
+  a[1] = prmt(r[0], r[1], 0x7351);
+  a[2] = prmt(r[2], r[3], 0x6240);
+  a[3] = prmt(r[2], r[3], 0x7351);
+}
+
 template <int kN, bool kTma, bool kQ8>
 __device__ void attention_narrow_fp8(const MlaParams& p) {
   constexpr int kT = kN / 8;    // column octets per thread: columns 8t + 2 q4 + {0, 1}
@@ -562,14 +589,7 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
       // Token rows past kv_len hold anything (NaN included) and P = 0 does not cancel 0 * NaN:
       // in the last block their V bytes are zeroed here (QK^T is done with the stage; the barrier
       // below publishes them with sP). cp.async: they arrived zero-filled.
-      if (kTma && (kb + 1) * kBlockN > kv_len) {
-        constexpr int kVBoxes = kHeadDimV / kBoxCols, kRowChunks = kBoxCols / 16;
-        static_assert(kVBoxes == 8 && kRowChunks == 4, "chunk i: box i & 7, row chunk (i >> 3) & 3, row i >> 5");
-        const int first = kv_len - kb * kBlockN, n = (kBlockN - first) * kVBoxes * kRowChunks;
-        for (int i = tw; i < n; i += 128)
-          *reinterpret_cast<uint4*>(kv + (i & 7) * kFp8BoxBytes + (first + (i >> 5)) * kBoxCols +
-                                    ((i >> 3) & 3) * 16) = make_uint4(0, 0, 0, 0);
-      }
+      if (kTma && (kb + 1) * kBlockN > kv_len) zero_v_rows_fp8(kv, kv_len - kb * kBlockN, tw);
       fence_proxy_async_smem();
       wg_barrier(wg);  // sP and the zeroed tail complete; colmax read by every warp
       tl_mark(kTlNPShared, loads);
@@ -579,11 +599,8 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
       // registers are free when they are rewritten.
       constexpr int kG = 2, kTiles = 8 / kG;
       // k32: per k-step and tile one ldmatrix (4 matrices of 8 tokens x 16 bytes, transposed) and
-      // 4 byte permutes give the A fragment, no conversion. Lane (r8, q4) gets
-      // in x[j] tokens 8 j + 2 q4 + {0, 1}, V columns 2 r8 + {0, 1} of the tile's 16; prmt 0x6240
-      // takes column 2 r8 (row r8 of the tile) of tokens 2 q4, 8 + 2 q4, 2 q4 + 1, 9 + 2 q4 as
-      // k positions 4 q4 + [0, 4), 0x7351 column 2 r8 + 1 (row r8 + 8); x[2], x[3] the same 16
-      // tokens later. P holds the same order (header).
+      // 4 byte permutes give the A fragment, no conversion (v_fragment). P holds the same token
+      // order (header).
       const uint32_t vbase = smem_u32(kv);
 #pragma unroll
       for (int s = 0; s < 2; ++s)
@@ -594,12 +611,7 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
 #pragma unroll
           for (int x = 0; x < kTiles; ++x) {
             const int i = kTiles * g + x;
-            uint32_t r[4];
-            ldsm_x4_trans(vbase + voff[i & 3] + (i >> 2) * kFp8BoxBytes + s * 32 * kBoxCols, r);
-            a[x][0] = prmt(r[0], r[1], 0x6240);
-            a[x][1] = prmt(r[0], r[1], 0x7351);
-            a[x][2] = prmt(r[2], r[3], 0x6240);
-            a[x][3] = prmt(r[2], r[3], 0x7351);
+            v_fragment(vbase + voff[i & 3] + (i >> 2) * kFp8BoxBytes + s * 32 * kBoxCols, a[x]);
           }
           wgmma_fence();
           const uint64_t db = desc_add(dp, s * kFp8KStepBytes);

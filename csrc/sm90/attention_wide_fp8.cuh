@@ -309,15 +309,7 @@ __device__ void attention_wide_fp8(const MlaParams& p) {
           }
         // Token rows past kv_len hold anything (NaN included) and P = 0 does not cancel 0 * NaN:
         // the last block's V bytes there are zeroed (QK^T is done with the stage).
-        if ((kb + 1) * kBlockN > kv_len) {
-          constexpr int kVBoxes = kHeadDimV / kBoxCols, kRowChunks = kBoxCols / 16;
-          static_assert(kVBoxes == 8 && kRowChunks == 4, "chunk i: box i & 7, row chunk (i >> 3) & 3, row i >> 5");
-          uint8_t* kv = ss.kv[stage];
-          const int first = kv_len - kb * kBlockN, n = (kBlockN - first) * kVBoxes * kRowChunks;
-          for (int i = tw; i < n; i += 128)
-            *reinterpret_cast<uint4*>(kv + (i & 7) * kFp8BoxBytes + (first + (i >> 5)) * kBoxCols +
-                                      ((i >> 3) & 3) * 16) = make_uint4(0, 0, 0, 0);
-        }
+        if ((kb + 1) * kBlockN > kv_len) zero_v_rows_fp8(ss.kv[stage], kv_len - kb * kBlockN, tw);
       }
       fence_proxy_async_smem();
       __syncthreads();  // B2: both blocks' P and zeroed tails; colmax read by every warp
@@ -337,12 +329,7 @@ __device__ void attention_wide_fp8(const MlaParams& p) {
             uint32_t a[kTiles][4];
 #pragma unroll
             for (int x = 0; x < kTiles; ++x) {
-              uint32_t r[4];
-              ldsm_x4_trans(vbase + voff[kTiles * g + x] + s * 32 * kBoxCols, r);
-              a[x][0] = prmt(r[0], r[1], 0x6240);
-              a[x][1] = prmt(r[0], r[1], 0x7351);
-              a[x][2] = prmt(r[2], r[3], 0x6240);
-              a[x][3] = prmt(r[2], r[3], 0x7351);
+              v_fragment(vbase + voff[kTiles * g + x] + s * 32 * kBoxCols, a[x]);
             }
             wgmma_fence();
 #pragma unroll
