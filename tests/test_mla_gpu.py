@@ -224,6 +224,23 @@ def test_fp8_max_moves_late(B, q_len, H, page, kv_lens, q8):
            p_dtype=torch.float8_e4m3fn if q8 else torch.bfloat16)
 
 
+# Long unsplit PV chains in fp8: Hopper's fp8 wgmma accumulates with ~14 bits (DeepSeek-V3), and
+# the fp8 kernels' O^T += V^T P^T runs over a unit's whole KV range in one accumulator (kv / 32
+# k-steps). The launcher is given 2 SMs (the plan then splits nothing: each CTA runs two
+# 32768-token units end to end, 1,024 k-steps), against the same tolerance as everywhere. (Review
+# finding of session 11; written then, not yet run on the GPU.)
+@pytest.mark.parametrize("q8", [False, True], ids=["q-bf16", "q-e4m3"])
+def test_fp8_long_unsplit_pv_chain(q8, monkeypatch):
+    import jit_mla.api as api
+
+    case = make_case(2, 1, 128, 64, [32768, 32000], dtype=torch.float8_e4m3fn,
+                     q_dtype=torch.float8_e4m3fn if q8 else torch.bfloat16, device=DEV, seed=41)
+    monkeypatch.setitem(api._sm_counts, torch.device(DEV).index or 0, 2)
+    out, lse = _run(case)
+    _check(case, out, lse, label=f"fp8 unsplit 32k PV chain q8={q8}",
+           p_dtype=torch.float8_e4m3fn if q8 else torch.bfloat16)
+
+
 # Query rows far outside e4m3's (and f16's) range (|q| up to ~2^19, or ~2^-18), bmm1_scale scaled
 # back by the same power of 2, so the logits are those of N(0, 1) data: a kernel that put Q in
 # e4m3 without its per-row exponent would saturate, or lose the small rows' digits.
