@@ -316,6 +316,9 @@ __device__ void attention_wide_fp8(const MlaParams& p) {
       tl_mark(kTlNPShared, mine);
 
       // ---- O^T += V^T P^T over both blocks of the pair; then the next pair's QK^T --------------
+      // The partner's block is read without waiting on its TMA barriers: its owner waited for
+      // them before QK^T, and the CTA barriers since make the data visible here. Keep a CTA
+      // barrier between the owner's wait and this PV in any reordering.
 #pragma unroll
       for (int blk = 0; blk < 2; ++blk) {
         if (blk == 1 && !has1) break;
