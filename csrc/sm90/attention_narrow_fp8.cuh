@@ -336,6 +336,22 @@ __device__ __forceinline__ int token_page(const MlaParams& p, const int* bt_row,
   return tok < kv_len ? __ldg(bt_row + page_index(tok, p.page_size)) : p.num_pages;
 }
 
+// Warp 0 of warpgroup wg (the caller checks): the warpgroup's first two blocks of a unit,
+// kb0 + wg and kb0 + wg + 2, by TMA into stages 2 wg + (loads + j) % 2 (stage s at kv + s * 36 KiB,
+// its box mbarriers at bar + s * 72 bytes).
+__device__ __forceinline__ void issue_first_blocks_fp8(const MlaParams& p, uint8_t (*kv)[kFp8TileBytes],
+                                                       uint64_t (*bar)[kNumBoxesQK], const int* bt_row, int kb0,
+                                                       int kb1, int kv_len, int wg, uint32_t loads) {
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int kb = kb0 + wg + 2 * j;
+    if (kb < kb1) {
+      const int st = 2 * wg + ((loads + j) & 1);
+      issue_kv_fp8(p, smem_u32(kv[st]), smem_u32(&bar[st][0]), kb, block_pages(p, bt_row, kb, kv_len));
+    }
+  }
+}
+
 // V token rows [first, 64) of an fp8 stage (its 8 V boxes) zeroed by the 128 threads of a
 // warpgroup (tw: the thread's index in it): a page's rows past kv_len hold anything (NaN
 // included), and P = 0 does not cancel 0 * NaN. The caller publishes the stores (proxy fence,
@@ -412,15 +428,7 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
 
     // The warpgroup's first two blocks, one per stage.
     if constexpr (kTma) {
-      if (tw < 32)
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          const int kb = kb0 + wg + 2 * j;
-          if (kb < kb1) {
-            const int st = 2 * wg + ((loads + j) & 1);
-            issue_kv_fp8(p, smem_u32(ss.kv[st]), smem_u32(&ss.bar[st][0]), kb, block_pages(p, bt_row, kb, kv_len));
-          }
-        }
+      if (tw < 32) issue_first_blocks_fp8(p, ss.kv, ss.bar, bt_row, kb0, kb1, kv_len, wg, loads);
     } else {
       // Both page ids first: the two loads overlap before the copies that depend on them.
       const int page0 = kb0 + wg < kb1 ? token_page(p, bt_row, kb0 + wg, kv_len) : p.num_pages;

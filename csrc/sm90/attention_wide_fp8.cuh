@@ -177,15 +177,7 @@ __device__ void attention_wide_fp8(const MlaParams& p) {
     const uint32_t loads = wg == 0 ? loads0 : loads1;  // this warpgroup's count at the unit's start
 
     // Each warpgroup's first two blocks, one per stage.
-    if (tw < 32)
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const int kb = kb0 + wg + 2 * j;
-        if (kb < kb1) {
-          const int st = 2 * wg + ((loads + j) & 1);
-          issue_kv_fp8(p, smem_u32(ss.kv[st]), smem_u32(&ss.bar[st][0]), kb, block_pages(p, bt_row, kb, kv_len));
-        }
-      }
+    if (tw < 32) issue_first_blocks_fp8(p, ss.kv, ss.bar, bt_row, kb0, kb1, kv_len, wg, loads);
     load_q_rows_wide(&ss.q[0][0], p, unit.q_row_base, unit.rows);
     fence_proxy_async_smem();
     __syncthreads();
