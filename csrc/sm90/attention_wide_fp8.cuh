@@ -198,7 +198,7 @@ __device__ void attention_wide_fp8(const MlaParams& p) {
 #pragma unroll
       for (int j = 0; j < 32; ++j) acc[i][j] = 0.f;
 
-    // S^T = K Q^T of this warpgroup's block in stage `st` (phase `par`): 18 k-steps.
+    // S^T = K Q^T of this warpgroup's block in stage `stage` (TMA phase `par`): 18 k-steps.
     float st[32];
     auto issue_qk = [&](int stage, uint32_t par) {
       const uint32_t bars = smem_u32(&ss.bar[stage][0]);
