@@ -203,10 +203,15 @@ class Shape:
         return f"B={self.batch} {q} (total {self.total_q}) {kv} H={self.num_heads}"
 
 
+def dtype_suffix(kv_fp8: bool, q_fp8: bool) -> str:
+    """A row name's dtype tag: none (bf16), _fp8 (e4m3 cache), _fp8q (e4m3 query and cache)."""
+    return "_fp8q" if q_fp8 else "_fp8" if kv_fp8 else ""
+
+
 def uniform_shape(batch: int, kv_len: int, num_heads: int, q_len: int, role: str = "", kv_fp8: bool = False,
                   q_fp8: bool = False) -> Shape:
     return Shape(
-        name=f"b{batch}_kv{kv_len}_h{num_heads}_q{q_len}" + ("_fp8q" if q_fp8 else "_fp8" if kv_fp8 else ""),
+        name=f"b{batch}_kv{kv_len}_h{num_heads}_q{q_len}" + dtype_suffix(kv_fp8, q_fp8),
         num_heads=num_heads,
         q_lens=(q_len,) * batch,
         kv_lens=(kv_len,) * batch,
@@ -220,6 +225,11 @@ def shape_table() -> list[Shape]:
     """The fixed table: DeepSeek-V3 at TP1 (H 128) and TP8 (H 16), MTP, spec decode, prefill."""
     rng = random.Random(SPEC_SEED)
     spec_q = tuple(rng.randint(1, 4) for _ in range(64))
+
+    def spec(role: str, kv_fp8: bool = False, q_fp8: bool = False) -> Shape:  # ragged spec decode rows
+        return Shape("spec_b64_q1to4_kv4096_h128" + dtype_suffix(kv_fp8, q_fp8), 128, spec_q, (4096,) * 64,
+                     ragged=True, role=role, kv_fp8=kv_fp8 or q_fp8, q_fp8=q_fp8)
+
     return [
         uniform_shape(128, 4096, 128, 1, "TP1 decode"),
         uniform_shape(128, 4096, 128, 2, "TP1 MTP 2"),
@@ -232,8 +242,7 @@ def shape_table() -> list[Shape]:
         uniform_shape(8, 4096, 128, 1, "TP1 batch 8"),
         uniform_shape(1, 8192, 16, 1, "TP8 one request"),
         uniform_shape(1, 65536, 128, 1, "TP1 one 64k request"),
-        Shape("spec_b64_q1to4_kv4096_h128", 128, spec_q, (4096,) * 64, ragged=True,
-              role="ragged spec decode (q_len 1..4, seeded)"),
+        spec("ragged spec decode (q_len 1..4, seeded)"),
         Shape("prefill_4x2048_kv8192_h128", 128, (2048,) * 4, (8192,) * 4, ragged=True,
               role="chunked prefill"),
         # fp8 e4m3 KV cache, bf16 query (issue 5)
@@ -243,16 +252,14 @@ def shape_table() -> list[Shape]:
         uniform_shape(64, 8192, 16, 4, "TP8 MTP 4, fp8 KV", kv_fp8=True),
         uniform_shape(128, 4096, 128, 1, "TP1 decode, fp8 KV", kv_fp8=True),
         uniform_shape(8, 4096, 128, 1, "TP1 batch 8, fp8 KV", kv_fp8=True),
-        Shape("spec_b64_q1to4_kv4096_h128_fp8", 128, spec_q, (4096,) * 64, ragged=True,
-              role="ragged spec decode, fp8 KV", kv_fp8=True),
+        spec("ragged spec decode, fp8 KV", kv_fp8=True),
         # e4m3 query and KV cache (issue 5, mode 2; FlashInfer's fa3 takes no e4m3 query)
         uniform_shape(64, 8192, 16, 1, "TP8 decode, fp8 q + KV", q_fp8=True),
         uniform_shape(128, 4096, 16, 2, "TP8 MTP 2, fp8 q + KV", q_fp8=True),
         uniform_shape(128, 4096, 128, 1, "TP1 decode, fp8 q + KV", q_fp8=True),
         uniform_shape(64, 8192, 16, 4, "TP8 MTP 4, fp8 q + KV", q_fp8=True),
         uniform_shape(8, 4096, 128, 1, "TP1 batch 8, fp8 q + KV", q_fp8=True),
-        Shape("spec_b64_q1to4_kv4096_h128_fp8q", 128, spec_q, (4096,) * 64, ragged=True,
-              role="ragged spec decode, fp8 q + KV", kv_fp8=True, q_fp8=True),
+        spec("ragged spec decode, fp8 q + KV", q_fp8=True),
     ]
 
 

@@ -119,7 +119,7 @@ def attention_kernel(page_size: int, rows_per_request: int = 64, fp8: bool = Fal
     narrow = fp8 or (small and tma_page_size(page_size))
     loads = "TMA" if tma_page_size(page_size) else "cp.async"
     any_page = "" if tma_page_size(page_size) else "_any"
-    if fp8 and fp8_query:
+    if fp8_query:
         suffix = f"_fp8q{any_page} ({loads}, transposed tiles, e4m3 QK^T and PV, P in e4m3)"
     elif fp8:
         suffix = f"_fp8{any_page} ({loads}, transposed tiles, e4m3 QK^T and PV, Q and P as hi + lo)"

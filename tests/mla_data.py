@@ -303,17 +303,13 @@ def lse_tolerance(case: MLACase, bmm1_scale: Optional[float] = None) -> float:
     sum_i |q_i k_i| * bmm1_scale * log2(e) over its rows and visible keys, if larger."""
     if case.kv_cache.dtype.itemsize != 1:
         return LSE_TOL
-    scale = abs(float(case.bmm1_scale if bmm1_scale is None else bmm1_scale)) * 1.4426950408889634
-    kv = case.kv_cache.reshape(-1, case.kv_cache.shape[-2], D_QK)  # [pages, page_size, 576]
-    page_size = kv.shape[1]
-    q = case.query.reshape(-1, case.query.shape[-2], D_QK)  # [total_q, H, 576]
-    cum = case.cum_seq_lens_q.tolist() if case.cum_seq_lens_q is not None else None
-    n_uniform = q.shape[0] // len(case.kv_lens)
+    scale = abs(float(case.bmm1_scale if bmm1_scale is None else bmm1_scale)) * math.log2(math.e)
+    kv = case.kv_cache.reshape(-1, case.page_size, D_QK)  # [pages, page_size, 576]
+    q = case.query.reshape(-1, case.num_heads, D_QK)  # [total_q, H, 576], requests in order
     worst, row = 0.0, 0
-    for b, L in enumerate(case.kv_lens):
-        n = (cum[b + 1] - cum[b]) if cum is not None else n_uniform
+    for b, (n, L) in enumerate(zip(case.q_lens, case.kv_lens)):
         if n > 0 and L > 0:
-            pages = case.block_tables[b, : -(-L // page_size)].long()
+            pages = case.block_tables[b, : -(-L // case.page_size)].long()
             k = kv[pages].reshape(-1, D_QK)[:L].float().abs()
             worst = max(worst, float(torch.einsum("thd,jd->thj", q[row : row + n].float().abs(), k).max()))
         row += n

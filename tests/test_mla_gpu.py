@@ -14,7 +14,8 @@ import pytest
 import torch
 
 import error_log
-from mla_data import SM_SCALE, assert_close_fa3, lse_tolerance, make_case, poisoned_lse, poisoned_out
+from mla_data import SM_SCALE, assert_close_fa3, make_case, poisoned_lse, poisoned_out
+from test_guard_bands_gpu import check_case
 
 pytestmark = pytest.mark.requires_sm90a
 
@@ -66,17 +67,7 @@ def _run(case, *, sinks=False, tensor_scales=False, bmm2=1.0, max_seq_len=None, 
 
 
 def _check(case, out, lse, *, sinks=False, bmm2=1.0, label="", p_dtype=torch.bfloat16):
-    kw = dict(bmm2_scale=bmm2, sinks=case.sinks if sinks else None)
-    ref, ref_lse = case.reference(**kw)
-    ref_lowp, _ = case.reference(low_precision=True, p_dtype=p_dtype, **kw)
-    stats = assert_close_fa3(out.float(), ref, ref_lowp, name=f"out {label}")
-    finite = torch.isfinite(ref_lse)
-    assert torch.equal(torch.isfinite(lse), finite), f"lse finiteness differs {label}"
-    assert torch.equal(lse[~finite], ref_lse[~finite]), f"lse -inf rows differ {label}"
-    lse_err = float((lse[finite] - ref_lse[finite]).abs().max()) if bool(finite.any()) else 0.0
-    tol = lse_tolerance(case)
-    assert lse_err < tol, f"lse error {lse_err} (bound {tol:.4f}) {label}"
-    error_log.record(label, stats, lse_err)
+    check_case(case, out, lse, bmm2=bmm2, sinks=sinks, label=label, p_dtype=p_dtype)
 
 
 # (B, q_len, H, page, kv kind, ragged, extras)
