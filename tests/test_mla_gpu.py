@@ -215,20 +215,28 @@ def test_fp8_max_moves_late(B, q_len, H, page, kv_lens, q8):
            p_dtype=torch.float8_e4m3fn if q8 else torch.bfloat16)
 
 
-# Long unsplit PV chains in fp8: Hopper's fp8 wgmma accumulates with ~14 bits (DeepSeek-V3), and
-# the fp8 kernels' O^T += V^T P^T runs over a unit's whole KV range in one accumulator (kv / 32
-# k-steps). The launcher is given 2 SMs (the plan then splits nothing: each CTA runs two
-# 32768-token units end to end, 1,024 k-steps), against the same tolerance as everywhere. (Review
-# finding of session 11; written then, not yet run on the GPU.)
+# Long PV chains in fp8: Hopper's fp8 wgmma accumulates with ~14 bits (DeepSeek-V3), so the fp8
+# kernels promote O^T to fp32 in the unit's partial slot every kPromoteBlocks (64) blocks of one
+# accumulator (attention_narrow_fp8.cuh). The launcher is given few SMs so that units run long
+# chains in one CTA: 2 SMs, two 32k-token units per CTA pair or CTA (the first an inner unit
+# promoting into its set's end slot, the last one after it); 3-4 SMs with unequal lengths, so
+# cuts fall inside units and split units promote into their own partial slots. Without the
+# promotion the wide kernel's error at 2 SMs was 3.4x PyTorch's (session 12).
 @pytest.mark.parametrize("q8", [False, True], ids=["q-bf16", "q-e4m3"])
-def test_fp8_long_unsplit_pv_chain(q8, monkeypatch):
+@pytest.mark.parametrize("H,sms,kv_lens", [
+    (128, 2, [32768, 32000]),
+    (16, 2, [32768, 32000]),
+    (128, 4, [20000, 9000, 30001]),
+    (16, 3, [20000, 9000, 30001]),
+])
+def test_fp8_long_pv_chain(H, sms, kv_lens, q8, monkeypatch):
     import jit_mla.api as api
 
-    case = make_case(2, 1, 128, 64, [32768, 32000], dtype=torch.float8_e4m3fn,
-                     q_dtype=torch.float8_e4m3fn if q8 else torch.bfloat16, device=DEV, seed=41)
-    monkeypatch.setitem(api._sm_counts, torch.device(DEV).index or 0, 2)
+    case = make_case(len(kv_lens), 1, H, 64, kv_lens, dtype=torch.float8_e4m3fn,
+                     q_dtype=torch.float8_e4m3fn if q8 else torch.bfloat16, device=DEV, seed=41 + sms)
+    monkeypatch.setitem(api._sm_counts, torch.device(DEV).index or 0, sms)
     out, lse = _run(case)
-    _check(case, out, lse, label=f"fp8 unsplit 32k PV chain q8={q8}",
+    _check(case, out, lse, label=f"fp8 long PV chain H{H} {sms} SMs q8={q8}",
            p_dtype=torch.float8_e4m3fn if q8 else torch.bfloat16)
 
 

@@ -398,6 +398,55 @@ __device__ __forceinline__ void v_fragment(uint32_t addr, uint32_t (&a)[4]) {
   a[3] = prmt(r[2], r[3], 0x7351);
 }
 
+// Hopper's fp8 wgmma adds each k-step into its fp32 accumulator with ~14 bits (DeepSeek-V3), so
+// over a long chain the small late terms lose their low bits, all in one direction (measured at
+// 2 SMs, one unsplit unit per CTA: the wide kernel's mean output error -2e-4 of |O| over 128
+// blocks per accumulator, -3.4e-3 over 512, 3.4x the error of PyTorch with P rounded alike; the
+// bf16-query narrow kernel 3.7x at 256 blocks per warpgroup). So every kPromoteBlocks blocks an
+// accumulator has taken, O^T is promoted: added in fp32 into the unit's slot of partial_o (its
+// own when it is split; else its set's end-of-range slot, which only the set's last unit writes,
+// after this one) and restarted at zero; the epilogue adds the slot back. Chains of 64 blocks
+// kept the error at PyTorch's (ratio 0.85 at 64). Costs a write of O (and, from the second, a
+// read) per 64 blocks of one accumulator.
+constexpr int kPromoteBlocks = 64;
+
+// The unit's fp32 slot in partial_o: 64 rows x 512.
+__device__ __forceinline__ float* unit_slot_o(const MlaParams& p, const CtaRange& cr, int grp) {
+  return p.partial_o + (long long)partial_slot(p, cr.set, grp, cr.lane_m) * kBlockM * kHeadDimV;
+}
+
+// A narrow warpgroup's O^T (acc, tiles i: rows c = 8 t + 2 q4 + (e & 1), V columns
+// 16 (8 warp + i) + 2 r8 + (e >> 1), header) and its rows of the slot (`po`: row c at
+// po + c * 512). The slot holds the earlier chains relative to the row maxima mp[c] (when `mp`
+// is not null), rescaled here to the current ones `m`. kStore: acc added into the slot in fp32
+// (no accumulator truncation) and restarted at zero; else the slot added into acc (epilogue).
+// Each thread reads only what it wrote itself.
+template <int kT, bool kStore>
+__device__ __forceinline__ void promote_o_narrow(float (&acc)[8][4 * kT], float* po, const float* mp,
+                                                 const float (&m)[kT][2]) {
+  const int q4 = threadIdx.x & 3, r8 = (threadIdx.x & 31) >> 2, warp = (threadIdx.x % 128) / 32;
+#pragma unroll
+  for (int t = 0; t < kT; ++t)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int c = 8 * t + 2 * q4 + e;
+      const float f = mp != nullptr ? exp2_approx(mp[c] - m[t][e]) : 0.f;
+      float* row = po + c * kHeadDimV + 16 * 8 * warp + 2 * r8;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        float2 v = make_float2(acc[i][4 * t + e], acc[i][4 * t + 2 + e]);
+        if (mp != nullptr) {
+          const float2 o = *reinterpret_cast<const float2*>(row + 16 * i);
+          v.x = fmaf(o.x, f, v.x);
+          v.y = fmaf(o.y, f, v.y);
+        }
+        if (kStore) *reinterpret_cast<float2*>(row + 16 * i) = v;
+        acc[i][4 * t + e] = kStore ? 0.f : v.x;
+        acc[i][4 * t + 2 + e] = kStore ? 0.f : v.y;
+      }
+    }
+}
+
 template <int kN, bool kTma, bool kQ8>
 __device__ void attention_narrow_fp8(const MlaParams& p) {
   constexpr int kT = kN / 8;    // column octets per thread: columns 8t + 2 q4 + {0, 1}
@@ -663,6 +712,31 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
       tl_mark(kTlNPvDone, loads);
 #pragma unroll
       for (int i = 0; i < 8; ++i) fence_regs(acc[i]);
+      // This warpgroup's blocks so far (kb0 + wg, kb0 + wg + 2, ..., kb): a chain ends at each
+      // kPromoteBlocks with more to come. Promotion n (from 0) reads the row maxima of n - 1 and
+      // writes its own into the other buffer (lanes 0-3 of warp 0; every thread read the older
+      // ones before: the blocks between two promotions have warpgroup barriers). Rare: no state
+      // in registers.
+      const int done = (kb - kb0 - wg) / 2 + 1;
+      if (done % kPromoteBlocks == 0 && kb + 2 < kb1) {  // warpgroup-uniform
+        const int n = done / kPromoteBlocks - 1;
+        promote_o_narrow<kT, true>(acc, unit_slot_o(p, cr, grp) + 32 * wg * kHeadDimV,
+                                   n > 0 ? ss.m_prom[wg][(n + 1) & 1] : nullptr, m_run);
+        if (tw < 4)
+#pragma unroll
+          for (int t = 0; t < kT; ++t)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) ss.m_prom[wg][n & 1][8 * t + 2 * q4 + e] = m_run[t][e];
+      }
+    }
+    // The promoted chains back in (warpgroup w's slot rows 32 w + c; the merge below reads and
+    // writes only shared memory, and the split partial's rows are written after its barrier).
+    {
+      const int mine = kb1 - kb0 > wg ? (kb1 - kb0 - wg + 1) / 2 : 0;  // this warpgroup's blocks
+      if (mine > kPromoteBlocks) {
+        const int n = (mine - 1) / kPromoteBlocks - 1;  // the last promotion
+        promote_o_narrow<kT, false>(acc, unit_slot_o(p, cr, grp) + 32 * wg * kHeadDimV, ss.m_prom[wg][n & 1], m_run);
+      }
     }
     wg_barrier_even_up<3>(wg, kb1 - kb0);
 

@@ -106,6 +106,48 @@ struct FAdd {
 // rescale's FMULs were 18% of the kernel's instructions at B128 H128).
 constexpr float kWLazyMax = 0.75f;
 
+// O^T is promoted every kPromoteBlocks blocks (attention_narrow_fp8.cuh: fp8 wgmma accumulation).
+static_assert(kPromoteBlocks % 2 == 0, "promotion happens after a block pair");
+
+// O^T and the unit's fp32 slot (64 rows x 512 in partial_o), this thread's part: rows
+// c = 8 t + 2 q4 + (e & 1) of the accumulator layout, V columns v0 + 16 i + (e >> 1). The slot
+// holds the earlier chains relative to the row maxima `mp` (when `have`), rescaled here to the
+// current ones `m` (both in the scattered layout). kStore: acc added into the slot in fp32 (no
+// accumulator truncation) and restarted at zero; else the slot added into acc (the epilogue).
+// Each thread reads only what it wrote itself.
+// O^T and the unit's fp32 slot (64 rows x 512 in partial_o), this thread's part: rows
+// c = 8 t + 2 q4 + (e & 1) of the accumulator layout, V columns v0 + 16 i + (e >> 1). The slot
+// holds the earlier chains relative to the row maxima `mp` (when `have`), rescaled here to the
+// current ones `m` (both in the scattered layout). kStore: acc added into the slot in fp32 (no
+// accumulator truncation) and restarted at zero; else the slot added into acc (the epilogue).
+// Each thread reads only what it wrote itself.
+template <bool kStore>
+__device__ __forceinline__ void promote_o(float (&acc)[4][32], float* po, bool have, const float (&mp)[2],
+                                          const float (&m)[2]) {
+  const int tw = threadIdx.x % 128, q4 = threadIdx.x & 3, r8 = (threadIdx.x & 31) >> 2;
+  const int v0 = (threadIdx.x / 128) * kOCols + 16 * 4 * (tw / 32) + 2 * r8;
+  float f2[2] = {exp2_approx(mp[0] - m[0]), exp2_approx(mp[1] - m[1])}, f[16];
+  all_gather16(f2, f);
+#pragma unroll
+  for (int t = 0; t < 8; ++t)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      float* row = po + (8 * t + 2 * q4 + e) * kHeadDimV + v0;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        float2 v = make_float2(acc[i][4 * t + e], acc[i][4 * t + 2 + e]);
+        if (have) {
+          const float2 o = *reinterpret_cast<const float2*>(row + 16 * i);
+          v.x = fmaf(o.x, f[2 * t + e], v.x);
+          v.y = fmaf(o.y, f[2 * t + e], v.y);
+        }
+        if (kStore) *reinterpret_cast<float2*>(row + 16 * i) = v;
+        acc[i][4 * t + e] = kStore ? 0.f : v.x;
+        acc[i][4 * t + 2 + e] = kStore ? 0.f : v.y;
+      }
+    }
+}
+
 template <bool kTma, bool kQ8>
 __device__ void attention_wide_fp8(const MlaParams& p) {
   static_assert(kTma && kQ8, "the wide fp8 kernel is written for TMA pages and an e4m3 query");
@@ -319,7 +361,11 @@ __device__ void attention_wide_fp8(const MlaParams& p) {
       mbar_arrive(smem_u32(&ss.vfree[stage0]));
       if (has1) mbar_arrive(smem_u32(&ss.vfree[stage1]));
       tl_mark(kTlNPvIssued, mine);
-      const bool next = kb + 2 < kb1;
+      // The next pair's QK^T goes behind this PV, except after the last pair of a chain
+      // (kPromoteBlocks): there it is issued after the promotion, where S^T is dead (with S^T
+      // live across it the promotion cost registers in the loop: 255 and spills).
+      const bool promote = (k0 + 2 - kb0) % kPromoteBlocks == 0 && k0 + 2 < kb1;  // CTA-uniform
+      const bool next = kb + 2 < kb1 && !promote;
       // The two paths each end with every wgmma retired: merged while this warpgroup's QK^T was
       // in flight, ptxas serialized the wgmmas (C7515: the other path's softmax defines S^T).
       // Every phase of vfree is waited for (a refill or not), so its phase stays the stage's use count.
@@ -331,8 +377,11 @@ __device__ void attention_wide_fp8(const MlaParams& p) {
           if (refill) issue_kv_fp8(p, smem_u32(ss.kv[stage]), smem_u32(&ss.bar[stage][0]), kb + 4, refill_page);
         }
         wgmma_wait<0>();
-      } else {  // no refill either: it would be block kb + 4 > kb + 2
-        if (tw < 32 && has) mbar_wait(smem_u32(&ss.vfree[stage]), (mine >> 1) & 1);
+      } else {  // a refill only before a promotion (else it would be block kb + 4 > kb + 2)
+        if (tw < 32 && has) {
+          mbar_wait(smem_u32(&ss.vfree[stage]), (mine >> 1) & 1);
+          if (refill) issue_kv_fp8(p, smem_u32(ss.kv[stage]), smem_u32(&ss.bar[stage][0]), kb + 4, refill_page);
+        }
         wgmma_wait<0>();
       }
       tl_mark(kTlNPvDone, mine);
@@ -341,6 +390,21 @@ __device__ void attention_wide_fp8(const MlaParams& p) {
       fence_regs(st);
       loads0 += 1;
       loads1 += has1 ? 1 : 0;
+      if (promote) {  // rare: no state in registers
+        // Promotion n (from 0) reads the row maxima of promotion n - 1 and writes its own into
+        // the other buffer (warp 0 of warpgroup 0; every thread read the older ones before: the
+        // pairs between two promotions have CTA barriers).
+        const int n = (k0 + 2 - kb0) / kPromoteBlocks - 1;
+        const float2 mp = *reinterpret_cast<const float2*>(&ss.m_prom[(n + 1) & 1][8 * r8 + 2 * q4]);
+        promote_o<true>(acc, unit_slot_o(p, cr, grp), n > 0, {mp.x, mp.y}, m_run);
+        if (wg == 0 && warp == 0) *reinterpret_cast<float2*>(&ss.m_prom[n & 1][8 * r8 + 2 * q4]) = make_float2(m_run[0], m_run[1]);
+        if (kb + 2 < kb1) {  // the next pair's QK^T, as at the unit's start
+          const uint32_t nl = wg == 0 ? loads0 : loads1;
+          issue_qk(2 * wg + (nl & 1), (nl >> 1) & 1);
+          wgmma_wait<0>();
+          fence_regs(st);
+        }
+      }
     }
 
     // ---- epilogue: row sums over all 256 threads, then O straight from the accumulators --------
@@ -372,6 +436,12 @@ __device__ void attention_wide_fp8(const MlaParams& p) {
       ss.fin[c] = f;
     }
     __syncthreads();
+    // The promoted chains back in (each thread reads only what it wrote: no barrier needed).
+    if (kb1 - kb0 > kPromoteBlocks) {  // promoted at least once (CTA-uniform): the last was n
+      const int n = (kb1 - kb0 - 1) / kPromoteBlocks - 1;
+      const float2 mp = *reinterpret_cast<const float2*>(&ss.m_prom[n & 1][8 * r8 + 2 * q4]);
+      promote_o<false>(acc, unit_slot_o(p, cr, grp), true, {mp.x, mp.y}, m_run);
+    }
     // acc[i][4 t + e]: row c = 8 t + 2 q4 + (e & 1), V column v0 + (e >> 1): one pair per row.
     const int v0 = wg * kOCols + 16 * 4 * warp + 2 * r8;
 #pragma unroll

@@ -71,6 +71,7 @@ struct NarrowFp8Smem {
                                      // the end of a unit the warp's row sums
   float m[2][kN];                    // end of a unit: each warpgroup's running max per row
   int qexp[2][kN];                   // Q row c was stored as q * 2^-qexp[w][c] (e4m3 range), per warpgroup
+  float m_prom[2][2][kN];            // [w][parity]: row maxima of warpgroup w's promoted O^T
   uint64_t bar[4][kNumBoxesQK];      // TMA mbarriers: [stage][box]
 };
 template <int kN>
@@ -90,6 +91,7 @@ struct WideFp8Smem {
                                      // Q), or at the end of a unit the warp's row sums
   float m[kBlockM];                  // end of a unit: the running max per row
   float fin[kBlockM];                // end of a unit: the factor of each output row
+  float m_prom[2][kBlockM];          // row maxima of the unit's promoted O^T, by promotion parity
   uint64_t bar[4][kNumBoxesQK];      // TMA mbarriers: [stage][box]
   uint64_t vfree[4];                 // per stage: both warpgroups done reading its block
 };
