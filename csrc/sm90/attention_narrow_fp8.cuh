@@ -544,182 +544,184 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
 #pragma unroll
       for (int j = 0; j < kAcc; ++j) acc[i][j] = 0.f;
 
-    for (int kb = kb0 + wg; kb < kb1; kb += 2, ++loads) {
-      const int stage_id = 2 * wg + (loads & 1);
-      const uint32_t par = (loads >> 1) & 1;
-      uint8_t* kv = ss.kv[stage_id];
-      const uint32_t bars = smem_u32(&ss.bar[stage_id][0]);
-      const bool refill = kb + 4 < kb1;
-      // TMA: lanes 0-7 of warp 0 read the page ids here; cp.async: every thread its token's, once
-      // QK^T is done (loaded here, it was spilled across QK^T and waited for at once).
-      int refill_page = p.num_pages;
-      if constexpr (kTma) refill_page = tw < 32 && refill ? block_pages(p, bt_row, kb + 4, kv_len) : p.num_pages;
-      tl_mark(kTlNBlockStart, loads);
+    // This warpgroup's blocks (kb0 + wg, kb0 + wg + 2, ...) in chains of kPromoteBlocks, O^T
+    // promoted between two: outside the block loop, so its registers and code are those without
+    // promotion. Promotion n (from 0) reads the row maxima of n - 1 and writes its own into the
+    // other buffer (lanes 0-3 of warp 0; every thread read the older ones before: the blocks
+    // between two promotions have warpgroup barriers).
+    for (int c0 = kb0 + wg; c0 < kb1; c0 += 2 * kPromoteBlocks) {
+      const int c1 = min(c0 + 2 * kPromoteBlocks, kb1);
+      for (int kb = c0; kb < c1; kb += 2, ++loads) {
+        const int stage_id = 2 * wg + (loads & 1);
+        const uint32_t par = (loads >> 1) & 1;
+        uint8_t* kv = ss.kv[stage_id];
+        const uint32_t bars = smem_u32(&ss.bar[stage_id][0]);
+        const bool refill = kb + 4 < kb1;
+        // TMA: lanes 0-7 of warp 0 read the page ids here; cp.async: every thread its token's, once
+        // QK^T is done (loaded here, it was spilled across QK^T and waited for at once).
+        int refill_page = p.num_pages;
+        if constexpr (kTma) refill_page = tw < 32 && refill ? block_pages(p, bt_row, kb + 4, kv_len) : p.num_pages;
+        tl_mark(kTlNBlockStart, loads);
 
-      // ---- S^T = K [Q_hi; Q_lo]^T (kQ8: K Q^T): fp8 wgmmas straight from the stage, 2 k-steps per box
-      // The k-steps alternate over kChains accumulators, summed at the end: wgmmas into one
-      // accumulator run one after another.
-      // Descriptors advance by one add per k-step (desc_add).
-      float stc[kChains][kQRows / 2];
-      const uint64_t da = make_smem_desc_sw64(smem_u32(kv));
-      wgmma_fence();
-#pragma unroll
-      for (int b = 0; b < kNumBoxesQK; ++b) {
-        if (kTma || b == 0) kv_wait(bars + 8 * b, par, kSiteQkBox);  // cp.async: the whole block on box 0's
-        // cp.async writes are generic-proxy writes and the wgmmas read through the async proxy:
-        // order them in the reading thread, after the mbarrier made them visible to it (TMA
-        // writes are async-proxy already).
-        if (!kTma && b == 0) fence_proxy_async_smem();
-#pragma unroll
-        for (int u = 0; u < 2; ++u) {
-          const int ks = 2 * b + u;
-          WgmmaSsE4m3<kQRows>::mma(stc[ks % kChains], desc_add(da, b * kFp8BoxBytes + kFp8KStepBytes * u),
-                                   desc_add(dq, b * kFp8QBoxBytes<kN> + kFp8KStepBytes * u), ks < kChains ? 0 : 1);
-        }
-      }
-      wgmma_commit();
-      wgmma_wait<0>();
-      tl_mark(kTlNQkDone, loads);
-      if constexpr (!kTma) refill_page = refill ? token_page(p, bt_row, kb + 4, kv_len) : p.num_pages;
-      // s = S_hi + S_lo / 16: column octet t of hi, t + kT of lo, in the same thread (kQ8: S).
-      float st[kAcc];
-#pragma unroll
-      for (int c = 0; c < kChains; ++c) fence_regs(stc[c]);
-#pragma unroll
-      for (int t = 0; t < kT; ++t)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          float hi = stc[0][4 * t + e], lo = 0.f;
-          if constexpr (!kQ8) lo = stc[0][4 * (t + kT) + e];
-#pragma unroll
-          for (int c = 1; c < kChains; ++c) {
-            hi += stc[c][4 * t + e];
-            if constexpr (!kQ8) lo += stc[c][4 * (t + kT) + e];
+        // ---- S^T = K [Q_hi; Q_lo]^T (kQ8: K Q^T): fp8 wgmmas straight from the stage, 2 k-steps per box
+        // The k-steps alternate over kChains accumulators, summed at the end: wgmmas into one
+        // accumulator run one after another.
+        // Descriptors advance by one add per k-step (desc_add).
+        float stc[kChains][kQRows / 2];
+        const uint64_t da = make_smem_desc_sw64(smem_u32(kv));
+        wgmma_fence();
+  #pragma unroll
+        for (int b = 0; b < kNumBoxesQK; ++b) {
+          if (kTma || b == 0) kv_wait(bars + 8 * b, par, kSiteQkBox);  // cp.async: the whole block on box 0's
+          // cp.async writes are generic-proxy writes and the wgmmas read through the async proxy:
+          // order them in the reading thread, after the mbarrier made them visible to it (TMA
+          // writes are async-proxy already).
+          if (!kTma && b == 0) fence_proxy_async_smem();
+  #pragma unroll
+          for (int u = 0; u < 2; ++u) {
+            const int ks = 2 * b + u;
+            WgmmaSsE4m3<kQRows>::mma(stc[ks % kChains], desc_add(da, b * kFp8BoxBytes + kFp8KStepBytes * u),
+                                     desc_add(dq, b * kFp8QBoxBytes<kN> + kFp8KStepBytes * u), ks < kChains ? 0 : 1);
           }
-          st[4 * t + e] = kQ8 ? hi : fmaf(lo, 1.f / kQLoScale, hi);
         }
-
-      // ---- mask, scale to log2, column maxima over the block's 64 tokens --------------------
-      const int tok_a = kb * kBlockN + r_a, tok_b = kb * kBlockN + r_b;
-      float cm[kT][2];
-#pragma unroll
-      for (int t = 0; t < kT; ++t)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          float& xa = st[4 * t + e];
-          float& xb = st[4 * t + 2 + e];
-          xa = tok_a < lim[t][e] ? xa * sl[t][e] : -INFINITY;
-          xb = tok_b < lim[t][e] ? xb * sl[t][e] : -INFINITY;
-          float v = fmaxf(xa, xb);
-          v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 4));
-          v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 8));
-          v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 16));
-          cm[t][e] = v;
-        }
-      if (lane < 4)
-#pragma unroll
+        wgmma_commit();
+        wgmma_wait<0>();
+        tl_mark(kTlNQkDone, loads);
+        if constexpr (!kTma) refill_page = refill ? token_page(p, bt_row, kb + 4, kv_len) : p.num_pages;
+        // s = S_hi + S_lo / 16: column octet t of hi, t + kT of lo, in the same thread (kQ8: S).
+        float st[kAcc];
+  #pragma unroll
+        for (int c = 0; c < kChains; ++c) fence_regs(stc[c]);
+  #pragma unroll
         for (int t = 0; t < kT; ++t)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) ss.colmax[wg][warp][8 * t + 2 * q4 + e] = cm[t][e];
-      wg_barrier(wg);
-      tl_mark(kTlNMaxShared, loads);
-
-      // ---- running max, P = 2^(s - m) into sP as (rows, token positions) e4m3, O^T rescaled ----
-      float sc[kT][2];
-      bool grew = false;
-#pragma unroll
-      for (int t = 0; t < kT; ++t)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int c = 8 * t + 2 * q4 + e;
-          const float bm = fmaxf(fmaxf(ss.colmax[wg][0][c], ss.colmax[wg][1][c]),
-                                 fmaxf(ss.colmax[wg][2][c], ss.colmax[wg][3][c]));
-          const float mn = fmaxf(m_run[t][e], bm);
-          sc[t][e] = exp2_approx(m_run[t][e] - mn);
-          grew |= sc[t][e] != 1.f;
-          m_run[t][e] = mn;
-          // P scaled by 2^kPShift (<= 256, within e4m3); l_run and O carry the same factor, the
-          // row max handed to the store drops it.
-          const float pa = exp2_approx(st[4 * t + e] - mn + kPShift), pb = exp2_approx(st[4 * t + 2 + e] - mn + kPShift);
-          // The row sum takes P before rounding (as FlashAttention-3 does for its e4m3 P).
-          l_run[t][e] = l_run[t][e] * sc[t][e] + pa + pb;
-          // Tokens r_a, r_b sit at positions 16 warp + 2 r8 + {0, 1} (header): one 16-bit store.
-          // A bf16 query keeps bf16's precision in P: the rounding error of hi goes into row
-          // kN + c (lo, same scale; 4 + 4 significant bits).
-          const uint32_t hi = f32x2_to_e4m3x2(pa, pb);
-          *reinterpret_cast<uint16_t*>(ss.p[wg] + sw64(c, warp) + 2 * r8) = (uint16_t)hi;
-          if constexpr (!kQ8) {
-            const float2 h = e4m3x2_to_f32x2(hi);
-            *reinterpret_cast<uint16_t*>(ss.p[wg] + sw64(kN + c, warp) + 2 * r8) =
-                (uint16_t)f32x2_to_e4m3x2(pa - h.x, pb - h.y);
+  #pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            float hi = stc[0][4 * t + e], lo = 0.f;
+            if constexpr (!kQ8) lo = stc[0][4 * (t + kT) + e];
+  #pragma unroll
+            for (int c = 1; c < kChains; ++c) {
+              hi += stc[c][4 * t + e];
+              if constexpr (!kQ8) lo += stc[c][4 * (t + kT) + e];
+            }
+            st[4 * t + e] = kQ8 ? hi : fmaf(lo, 1.f / kQLoScale, hi);
           }
-        }
-      if (__any_sync(0xffffffffu, grew)) {
-#pragma unroll
-        for (int i = 0; i < 8; ++i)
-#pragma unroll
+
+        // ---- mask, scale to log2, column maxima over the block's 64 tokens --------------------
+        const int tok_a = kb * kBlockN + r_a, tok_b = kb * kBlockN + r_b;
+        float cm[kT][2];
+  #pragma unroll
+        for (int t = 0; t < kT; ++t)
+  #pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float& xa = st[4 * t + e];
+            float& xb = st[4 * t + 2 + e];
+            xa = tok_a < lim[t][e] ? xa * sl[t][e] : -INFINITY;
+            xb = tok_b < lim[t][e] ? xb * sl[t][e] : -INFINITY;
+            float v = fmaxf(xa, xb);
+            v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 4));
+            v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 8));
+            v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 16));
+            cm[t][e] = v;
+          }
+        if (lane < 4)
+  #pragma unroll
           for (int t = 0; t < kT; ++t)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[i][4 * t + e] *= sc[t][e & 1];
-      }
-      // Token rows past kv_len hold anything (NaN included) and P = 0 does not cancel 0 * NaN:
-      // in the last block their V bytes are zeroed here (QK^T is done with the stage; the barrier
-      // below publishes them with sP). cp.async: they arrived zero-filled.
-      if (kTma && (kb + 1) * kBlockN > kv_len) zero_v_rows_fp8(kv, kv_len - kb * kBlockN, tw);
-      fence_proxy_async_smem();
-      wg_barrier(wg);  // sP and the zeroed tail complete; colmax read by every warp
-      tl_mark(kTlNPShared, loads);
+  #pragma unroll
+            for (int e = 0; e < 2; ++e) ss.colmax[wg][warp][8 * t + 2 * q4 + e] = cm[t][e];
+        wg_barrier(wg);
+        tl_mark(kTlNMaxShared, loads);
 
-      // ---- O^T += V^T P^T: e4m3 wgmmas, V^T fragments by ldmatrix .trans ------------------------
-      // kG commit groups per k-step (8 / kG tiles each), at most two in flight, so a group's A
-      // registers are free when they are rewritten.
-      constexpr int kG = 2, kTiles = 8 / kG;
-      // k32: per k-step and tile one ldmatrix (4 matrices of 8 tokens x 16 bytes, transposed) and
-      // 4 byte permutes give the A fragment, no conversion (v_fragment). P holds the same token
-      // order (header).
-      const uint32_t vbase = smem_u32(kv);
-#pragma unroll
-      for (int s = 0; s < 2; ++s)
-#pragma unroll
-        for (int g = 0; g < kG; ++g) {
-          if (kG * s + g >= 2) wgmma_wait<1>();
-          uint32_t a[kTiles][4];
-#pragma unroll
-          for (int x = 0; x < kTiles; ++x) {
-            const int i = kTiles * g + x;
-            v_fragment(vbase + voff[i & 3] + (i >> 2) * kFp8BoxBytes + s * 32 * kBoxCols, a[x]);
+        // ---- running max, P = 2^(s - m) into sP as (rows, token positions) e4m3, O^T rescaled ----
+        float sc[kT][2];
+        bool grew = false;
+  #pragma unroll
+        for (int t = 0; t < kT; ++t)
+  #pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int c = 8 * t + 2 * q4 + e;
+            const float bm = fmaxf(fmaxf(ss.colmax[wg][0][c], ss.colmax[wg][1][c]),
+                                   fmaxf(ss.colmax[wg][2][c], ss.colmax[wg][3][c]));
+            const float mn = fmaxf(m_run[t][e], bm);
+            sc[t][e] = exp2_approx(m_run[t][e] - mn);
+            grew |= sc[t][e] != 1.f;
+            m_run[t][e] = mn;
+            // P scaled by 2^kPShift (<= 256, within e4m3); l_run and O carry the same factor, the
+            // row max handed to the store drops it.
+            const float pa = exp2_approx(st[4 * t + e] - mn + kPShift), pb = exp2_approx(st[4 * t + 2 + e] - mn + kPShift);
+            // The row sum takes P before rounding (as FlashAttention-3 does for its e4m3 P).
+            l_run[t][e] = l_run[t][e] * sc[t][e] + pa + pb;
+            // Tokens r_a, r_b sit at positions 16 warp + 2 r8 + {0, 1} (header): one 16-bit store.
+            // A bf16 query keeps bf16's precision in P: the rounding error of hi goes into row
+            // kN + c (lo, same scale; 4 + 4 significant bits).
+            const uint32_t hi = f32x2_to_e4m3x2(pa, pb);
+            *reinterpret_cast<uint16_t*>(ss.p[wg] + sw64(c, warp) + 2 * r8) = (uint16_t)hi;
+            if constexpr (!kQ8) {
+              const float2 h = e4m3x2_to_f32x2(hi);
+              *reinterpret_cast<uint16_t*>(ss.p[wg] + sw64(kN + c, warp) + 2 * r8) =
+                  (uint16_t)f32x2_to_e4m3x2(pa - h.x, pb - h.y);
+            }
           }
-          wgmma_fence();
-          const uint64_t db = desc_add(dp, s * kFp8KStepBytes);
-#pragma unroll
-          for (int x = 0; x < kTiles; ++x) WgmmaRsE4m3<kN>::mma(acc[kTiles * g + x], a[x], db);
-          if constexpr (!kQ8) {  // the lo rows, kN rows (kN / 8 atoms of 512 bytes) further
-#pragma unroll
-            for (int x = 0; x < kTiles; ++x)
-              WgmmaRsE4m3<kN>::mma(acc[kTiles * g + x], a[x], desc_add(db, kN * kBoxCols));
-          }
-          wgmma_commit();
+        if (__any_sync(0xffffffffu, grew)) {
+  #pragma unroll
+          for (int i = 0; i < 8; ++i)
+  #pragma unroll
+            for (int t = 0; t < kT; ++t)
+  #pragma unroll
+              for (int e = 0; e < 4; ++e) acc[i][4 * t + e] *= sc[t][e & 1];
         }
-      // Every thread's loads of this stage are done: block kb + 4 may land in it.
-      wg_barrier(wg);
-      if constexpr (kTma) {
-        if (tw < 32 && refill) issue_kv_fp8(p, smem_u32(kv), bars, kb + 4, refill_page);
-      } else if (refill) {
-        issue_kv_fp8_cp(p, smem_u32(kv), bars, kb + 4, refill_page, createpolicy_evict_first());
+        // Token rows past kv_len hold anything (NaN included) and P = 0 does not cancel 0 * NaN:
+        // in the last block their V bytes are zeroed here (QK^T is done with the stage; the barrier
+        // below publishes them with sP). cp.async: they arrived zero-filled.
+        if (kTma && (kb + 1) * kBlockN > kv_len) zero_v_rows_fp8(kv, kv_len - kb * kBlockN, tw);
+        fence_proxy_async_smem();
+        wg_barrier(wg);  // sP and the zeroed tail complete; colmax read by every warp
+        tl_mark(kTlNPShared, loads);
+
+        // ---- O^T += V^T P^T: e4m3 wgmmas, V^T fragments by ldmatrix .trans ------------------------
+        // kG commit groups per k-step (8 / kG tiles each), at most two in flight, so a group's A
+        // registers are free when they are rewritten.
+        constexpr int kG = 2, kTiles = 8 / kG;
+        // k32: per k-step and tile one ldmatrix (4 matrices of 8 tokens x 16 bytes, transposed) and
+        // 4 byte permutes give the A fragment, no conversion (v_fragment). P holds the same token
+        // order (header).
+        const uint32_t vbase = smem_u32(kv);
+  #pragma unroll
+        for (int s = 0; s < 2; ++s)
+  #pragma unroll
+          for (int g = 0; g < kG; ++g) {
+            if (kG * s + g >= 2) wgmma_wait<1>();
+            uint32_t a[kTiles][4];
+  #pragma unroll
+            for (int x = 0; x < kTiles; ++x) {
+              const int i = kTiles * g + x;
+              v_fragment(vbase + voff[i & 3] + (i >> 2) * kFp8BoxBytes + s * 32 * kBoxCols, a[x]);
+            }
+            wgmma_fence();
+            const uint64_t db = desc_add(dp, s * kFp8KStepBytes);
+  #pragma unroll
+            for (int x = 0; x < kTiles; ++x) WgmmaRsE4m3<kN>::mma(acc[kTiles * g + x], a[x], db);
+            if constexpr (!kQ8) {  // the lo rows, kN rows (kN / 8 atoms of 512 bytes) further
+  #pragma unroll
+              for (int x = 0; x < kTiles; ++x)
+                WgmmaRsE4m3<kN>::mma(acc[kTiles * g + x], a[x], desc_add(db, kN * kBoxCols));
+            }
+            wgmma_commit();
+          }
+        // Every thread's loads of this stage are done: block kb + 4 may land in it.
+        wg_barrier(wg);
+        if constexpr (kTma) {
+          if (tw < 32 && refill) issue_kv_fp8(p, smem_u32(kv), bars, kb + 4, refill_page);
+        } else if (refill) {
+          issue_kv_fp8_cp(p, smem_u32(kv), bars, kb + 4, refill_page, createpolicy_evict_first());
+        }
+        tl_mark(kTlNPvIssued, loads);
+        wgmma_wait<0>();
+        tl_mark(kTlNPvDone, loads);
+  #pragma unroll
+        for (int i = 0; i < 8; ++i) fence_regs(acc[i]);
       }
-      tl_mark(kTlNPvIssued, loads);
-      wgmma_wait<0>();
-      tl_mark(kTlNPvDone, loads);
-#pragma unroll
-      for (int i = 0; i < 8; ++i) fence_regs(acc[i]);
-      // This warpgroup's blocks so far (kb0 + wg, kb0 + wg + 2, ..., kb): a chain ends at each
-      // kPromoteBlocks with more to come. Promotion n (from 0) reads the row maxima of n - 1 and
-      // writes its own into the other buffer (lanes 0-3 of warp 0; every thread read the older
-      // ones before: the blocks between two promotions have warpgroup barriers). Rare: no state
-      // in registers.
-      const int done = (kb - kb0 - wg) / 2 + 1;
-      if (done % kPromoteBlocks == 0 && kb + 2 < kb1) {  // warpgroup-uniform
-        const int n = done / kPromoteBlocks - 1;
+      if (c1 < kb1) {  // warpgroup-uniform
+        const int n = (c0 - kb0 - wg) / (2 * kPromoteBlocks);
         promote_o_narrow<kT, true>(acc, unit_slot_o(p, cr, grp) + 32 * wg * kHeadDimV,
                                    n > 0 ? ss.m_prom[wg][(n + 1) & 1] : nullptr, m_run);
         if (tw < 4)

@@ -239,171 +239,168 @@ __device__ void attention_wide_fp8(const MlaParams& p) {
                                       desc_add(dq, b * kFp8BoxBytes + kFp8KStepBytes * u), 1);
       wgmma_commit();
     };
-    if (kb0 + wg < kb1) {
-      issue_qk(2 * wg + (loads & 1), (loads >> 1) & 1);
-      wgmma_wait<0>();
-      fence_regs(st);
-    }
-
-    for (int k0 = kb0; k0 < kb1; k0 += 2) {
-      const int kb = k0 + wg;
-      const bool has = kb < kb1, has1 = k0 + 1 < kb1;  // this warpgroup's block; warpgroup 1's
-      const uint32_t mine = wg == 0 ? loads0 : loads1;
-      const int stage = 2 * wg + (mine & 1);
-      const int stage0 = loads0 & 1, stage1 = 2 + (loads1 & 1);
-      const bool refill = kb + 4 < kb1;
-      const int refill_page = tw < 32 && refill ? block_pages(p, bt_row, kb + 4, kv_len) : p.num_pages;
-      tl_mark(kTlNBlockStart, mine);
-
-      // ---- mask, scale to log2, column maxima over the block's tokens -------------------------
-      float cm[16];
-      if (has) {
-        const int tok_a = kb * kBlockN + r_a, tok_b = kb * kBlockN + r_b;
-        const bool masked = (kb + 1) * kBlockN > lim_min;  // warpgroup-uniform
-#pragma unroll
-        for (int t = 0; t < 8; ++t)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            float& xa = st[4 * t + e];
-            float& xb = st[4 * t + 2 + e];
-            xa *= scale_log2;
-            xb *= scale_log2;
-            if (masked) {
-              const int lim = unit_row_limit(p, unit, 8 * t + 2 * q4 + e);
-              xa = tok_a < lim ? xa : -INFINITY;
-              xb = tok_b < lim ? xb : -INFINITY;
-            }
-            cm[2 * t + e] = fmaxf(xa, xb);
-          }
-        float part[2];
-        reduce_scatter16(cm, part, FMax{});
-        *reinterpret_cast<float2*>(&ss.colmax[wg][warp][8 * r8 + 2 * q4]) = make_float2(part[0], part[1]);
-      } else {
-        *reinterpret_cast<float2*>(&ss.colmax[wg][warp][8 * r8 + 2 * q4]) = make_float2(-INFINITY, -INFINITY);
-      }
-      __syncthreads();  // B1: both warpgroups' column maxima
-      tl_mark(kTlNMaxShared, mine);
-
-      // ---- the pair's running max (same in both warpgroups), P into sP, O^T and sums rescaled --
-      float mn2[2], sc2[2];
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int c = 8 * r8 + 2 * q4 + e;
-        float bm = ss.colmax[0][0][c];
-#pragma unroll
-        for (int x = 1; x < 8; ++x) bm = fmaxf(bm, ss.colmax[x / 4][x % 4][c]);
-        mn2[e] = bm > m_run[e] + kWLazyMax ? bm : m_run[e];
-        sc2[e] = exp2_approx(m_run[e] - mn2[e]);
-        m_run[e] = mn2[e];
-      }
-      float mn[16], sc[16];
-      all_gather16(mn2, mn);
-      if (__any_sync(0xffffffffu, sc2[0] != 1.f || sc2[1] != 1.f)) {
-        all_gather16(sc2, sc);
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-#pragma unroll
-          for (int t = 0; t < 8; ++t)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[i][4 * t + e] *= sc[2 * t + (e & 1)];
-#pragma unroll
-        for (int j = 0; j < 16; ++j) l_run[j] *= sc[j];
-      }
-      if (has) {
-        uint8_t* pbuf = ss.p[wg];
-#pragma unroll
-        for (int t = 0; t < 8; ++t)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int c = 8 * t + 2 * q4 + e;
-            const float pa = exp2_approx(st[4 * t + e] - mn[2 * t + e] + kPShift);
-            const float pb = exp2_approx(st[4 * t + 2 + e] - mn[2 * t + e] + kPShift);
-            l_run[2 * t + e] += pa + pb;  // from P before rounding
-            // Tokens r_a, r_b at positions 16 warp + 2 r8 + {0, 1} (narrow fp8 header).
-            *reinterpret_cast<uint16_t*>(pbuf + sw64(c, warp) + 2 * r8) = (uint16_t)f32x2_to_e4m3x2(pa, pb);
-          }
-        // Token rows past kv_len hold anything (NaN included) and P = 0 does not cancel 0 * NaN:
-        // the last block's V bytes there are zeroed (QK^T is done with the stage).
-        if ((kb + 1) * kBlockN > kv_len) zero_v_rows_fp8(ss.kv[stage], kv_len - kb * kBlockN, tw);
-      }
-      fence_proxy_async_smem();
-      __syncthreads();  // B2: both blocks' P and zeroed tails; colmax read by every warp
-      tl_mark(kTlNPShared, mine);
-
-      // ---- O^T += V^T P^T over both blocks of the pair; then the next pair's QK^T --------------
-      // The partner's block is read without waiting on its TMA barriers: its owner waited for
-      // them before QK^T, and the CTA barriers since make the data visible here. Keep a CTA
-      // barrier between the owner's wait and this PV in any reordering.
-#pragma unroll
-      for (int blk = 0; blk < 2; ++blk) {
-        if (blk == 1 && !has1) break;
-        const uint32_t vbase = smem_u32(ss.kv[blk == 0 ? stage0 : stage1]);
-        const uint64_t dp = blk == 0 ? dp0 : dp1;
-#pragma unroll
-        for (int s = 0; s < 2; ++s)
-#pragma unroll
-          for (int g = 0; g < kG; ++g) {
-            if (2 * kG * blk + kG * s + g >= 2) wgmma_wait<1>();
-            uint32_t a[kTiles][4];
-#pragma unroll
-            for (int x = 0; x < kTiles; ++x) {
-              v_fragment(vbase + voff[kTiles * g + x] + s * 32 * kBoxCols, a[x]);
-            }
-            wgmma_fence();
-#pragma unroll
-            for (int x = 0; x < kTiles; ++x)
-              WgmmaRsE4m3<kBlockM>::mma(acc[kTiles * g + x], a[x], desc_add(dp, s * kFp8KStepBytes));
-            wgmma_commit();
-          }
-      }
-      // PV reads the stages only by ldmatrix (P comes from sP): once issued, this thread is done
-      // with both blocks. The owner's warp 0 refills its stage when all 256 threads are.
-      mbar_arrive(smem_u32(&ss.vfree[stage0]));
-      if (has1) mbar_arrive(smem_u32(&ss.vfree[stage1]));
-      tl_mark(kTlNPvIssued, mine);
-      // The next pair's QK^T goes behind this PV, except after the last pair of a chain
-      // (kPromoteBlocks): there it is issued after the promotion, where S^T is dead (with S^T
-      // live across it the promotion cost registers in the loop: 255 and spills).
-      const bool promote = (k0 + 2 - kb0) % kPromoteBlocks == 0 && k0 + 2 < kb1;  // CTA-uniform
-      const bool next = kb + 2 < kb1 && !promote;
-      // The two paths each end with every wgmma retired: merged while this warpgroup's QK^T was
-      // in flight, ptxas serialized the wgmmas (C7515: the other path's softmax defines S^T).
-      // Every phase of vfree is waited for (a refill or not), so its phase stays the stage's use count.
-      if (next) {
-        const uint32_t nl = mine + 1;
+    // The unit's blocks in chains of kPromoteBlocks (fp8 wgmma accumulation, attention_narrow_fp8.cuh),
+    // O^T promoted between two: outside the pair loop, with S^T dead, so the loop's registers and
+    // code are those without promotion. Each chain starts with its first QK^T, as the unit does.
+    for (int c0 = kb0; c0 < kb1; c0 += kPromoteBlocks) {
+      const int c1 = min(c0 + kPromoteBlocks, kb1);
+      if (c0 + wg < kb1) {
+        const uint32_t nl = wg == 0 ? loads0 : loads1;
         issue_qk(2 * wg + (nl & 1), (nl >> 1) & 1);
-        if (tw < 32) {
-          mbar_wait(smem_u32(&ss.vfree[stage]), (mine >> 1) & 1);
-          if (refill) issue_kv_fp8(p, smem_u32(ss.kv[stage]), smem_u32(&ss.bar[stage][0]), kb + 4, refill_page);
-        }
         wgmma_wait<0>();
-      } else {  // a refill only before a promotion (else it would be block kb + 4 > kb + 2)
-        if (tw < 32 && has) {
-          mbar_wait(smem_u32(&ss.vfree[stage]), (mine >> 1) & 1);
-          if (refill) issue_kv_fp8(p, smem_u32(ss.kv[stage]), smem_u32(&ss.bar[stage][0]), kb + 4, refill_page);
-        }
-        wgmma_wait<0>();
+        fence_regs(st);
       }
-      tl_mark(kTlNPvDone, mine);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) fence_regs(acc[i]);
-      fence_regs(st);
-      loads0 += 1;
-      loads1 += has1 ? 1 : 0;
-      if (promote) {  // rare: no state in registers
+      for (int k0 = c0; k0 < c1; k0 += 2) {
+        const int kb = k0 + wg;
+        const bool has = kb < kb1, has1 = k0 + 1 < kb1;  // this warpgroup's block; warpgroup 1's
+        const uint32_t mine = wg == 0 ? loads0 : loads1;
+        const int stage = 2 * wg + (mine & 1);
+        const int stage0 = loads0 & 1, stage1 = 2 + (loads1 & 1);
+        const bool refill = kb + 4 < kb1;
+        const int refill_page = tw < 32 && refill ? block_pages(p, bt_row, kb + 4, kv_len) : p.num_pages;
+        tl_mark(kTlNBlockStart, mine);
+
+        // ---- mask, scale to log2, column maxima over the block's tokens -------------------------
+        float cm[16];
+        if (has) {
+          const int tok_a = kb * kBlockN + r_a, tok_b = kb * kBlockN + r_b;
+          const bool masked = (kb + 1) * kBlockN > lim_min;  // warpgroup-uniform
+  #pragma unroll
+          for (int t = 0; t < 8; ++t)
+  #pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              float& xa = st[4 * t + e];
+              float& xb = st[4 * t + 2 + e];
+              xa *= scale_log2;
+              xb *= scale_log2;
+              if (masked) {
+                const int lim = unit_row_limit(p, unit, 8 * t + 2 * q4 + e);
+                xa = tok_a < lim ? xa : -INFINITY;
+                xb = tok_b < lim ? xb : -INFINITY;
+              }
+              cm[2 * t + e] = fmaxf(xa, xb);
+            }
+          float part[2];
+          reduce_scatter16(cm, part, FMax{});
+          *reinterpret_cast<float2*>(&ss.colmax[wg][warp][8 * r8 + 2 * q4]) = make_float2(part[0], part[1]);
+        } else {
+          *reinterpret_cast<float2*>(&ss.colmax[wg][warp][8 * r8 + 2 * q4]) = make_float2(-INFINITY, -INFINITY);
+        }
+        __syncthreads();  // B1: both warpgroups' column maxima
+        tl_mark(kTlNMaxShared, mine);
+
+        // ---- the pair's running max (same in both warpgroups), P into sP, O^T and sums rescaled --
+        float mn2[2], sc2[2];
+  #pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int c = 8 * r8 + 2 * q4 + e;
+          float bm = ss.colmax[0][0][c];
+  #pragma unroll
+          for (int x = 1; x < 8; ++x) bm = fmaxf(bm, ss.colmax[x / 4][x % 4][c]);
+          mn2[e] = bm > m_run[e] + kWLazyMax ? bm : m_run[e];
+          sc2[e] = exp2_approx(m_run[e] - mn2[e]);
+          m_run[e] = mn2[e];
+        }
+        float mn[16], sc[16];
+        all_gather16(mn2, mn);
+        if (__any_sync(0xffffffffu, sc2[0] != 1.f || sc2[1] != 1.f)) {
+          all_gather16(sc2, sc);
+  #pragma unroll
+          for (int i = 0; i < 4; ++i)
+  #pragma unroll
+            for (int t = 0; t < 8; ++t)
+  #pragma unroll
+              for (int e = 0; e < 4; ++e) acc[i][4 * t + e] *= sc[2 * t + (e & 1)];
+  #pragma unroll
+          for (int j = 0; j < 16; ++j) l_run[j] *= sc[j];
+        }
+        if (has) {
+          uint8_t* pbuf = ss.p[wg];
+  #pragma unroll
+          for (int t = 0; t < 8; ++t)
+  #pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int c = 8 * t + 2 * q4 + e;
+              const float pa = exp2_approx(st[4 * t + e] - mn[2 * t + e] + kPShift);
+              const float pb = exp2_approx(st[4 * t + 2 + e] - mn[2 * t + e] + kPShift);
+              l_run[2 * t + e] += pa + pb;  // from P before rounding
+              // Tokens r_a, r_b at positions 16 warp + 2 r8 + {0, 1} (narrow fp8 header).
+              *reinterpret_cast<uint16_t*>(pbuf + sw64(c, warp) + 2 * r8) = (uint16_t)f32x2_to_e4m3x2(pa, pb);
+            }
+          // Token rows past kv_len hold anything (NaN included) and P = 0 does not cancel 0 * NaN:
+          // the last block's V bytes there are zeroed (QK^T is done with the stage).
+          if ((kb + 1) * kBlockN > kv_len) zero_v_rows_fp8(ss.kv[stage], kv_len - kb * kBlockN, tw);
+        }
+        fence_proxy_async_smem();
+        __syncthreads();  // B2: both blocks' P and zeroed tails; colmax read by every warp
+        tl_mark(kTlNPShared, mine);
+
+        // ---- O^T += V^T P^T over both blocks of the pair; then the next pair's QK^T --------------
+        // The partner's block is read without waiting on its TMA barriers: its owner waited for
+        // them before QK^T, and the CTA barriers since make the data visible here. Keep a CTA
+        // barrier between the owner's wait and this PV in any reordering.
+  #pragma unroll
+        for (int blk = 0; blk < 2; ++blk) {
+          if (blk == 1 && !has1) break;
+          const uint32_t vbase = smem_u32(ss.kv[blk == 0 ? stage0 : stage1]);
+          const uint64_t dp = blk == 0 ? dp0 : dp1;
+  #pragma unroll
+          for (int s = 0; s < 2; ++s)
+  #pragma unroll
+            for (int g = 0; g < kG; ++g) {
+              if (2 * kG * blk + kG * s + g >= 2) wgmma_wait<1>();
+              uint32_t a[kTiles][4];
+  #pragma unroll
+              for (int x = 0; x < kTiles; ++x) {
+                v_fragment(vbase + voff[kTiles * g + x] + s * 32 * kBoxCols, a[x]);
+              }
+              wgmma_fence();
+  #pragma unroll
+              for (int x = 0; x < kTiles; ++x)
+                WgmmaRsE4m3<kBlockM>::mma(acc[kTiles * g + x], a[x], desc_add(dp, s * kFp8KStepBytes));
+              wgmma_commit();
+            }
+        }
+        // PV reads the stages only by ldmatrix (P comes from sP): once issued, this thread is done
+        // with both blocks. The owner's warp 0 refills its stage when all 256 threads are.
+        mbar_arrive(smem_u32(&ss.vfree[stage0]));
+        if (has1) mbar_arrive(smem_u32(&ss.vfree[stage1]));
+        tl_mark(kTlNPvIssued, mine);
+        // The next pair's QK^T goes behind this PV, within the chain.
+        const bool next = kb + 2 < c1;
+        // The two paths each end with every wgmma retired: merged while this warpgroup's QK^T was
+        // in flight, ptxas serialized the wgmmas (C7515: the other path's softmax defines S^T).
+        // Every phase of vfree is waited for (a refill or not), so its phase stays the stage's use count.
+        if (next) {
+          const uint32_t nl = mine + 1;
+          issue_qk(2 * wg + (nl & 1), (nl >> 1) & 1);
+          if (tw < 32) {
+            mbar_wait(smem_u32(&ss.vfree[stage]), (mine >> 1) & 1);
+            if (refill) issue_kv_fp8(p, smem_u32(ss.kv[stage]), smem_u32(&ss.bar[stage][0]), kb + 4, refill_page);
+          }
+          wgmma_wait<0>();
+        } else {  // a refill only at a chain's end (else it would be block kb + 4 > kb + 2)
+          if (tw < 32 && has) {
+            mbar_wait(smem_u32(&ss.vfree[stage]), (mine >> 1) & 1);
+            if (refill) issue_kv_fp8(p, smem_u32(ss.kv[stage]), smem_u32(&ss.bar[stage][0]), kb + 4, refill_page);
+          }
+          wgmma_wait<0>();
+        }
+        tl_mark(kTlNPvDone, mine);
+  #pragma unroll
+        for (int i = 0; i < 4; ++i) fence_regs(acc[i]);
+        fence_regs(st);
+        loads0 += 1;
+        loads1 += has1 ? 1 : 0;
+      }
+      if (c1 < kb1) {  // CTA-uniform
         // Promotion n (from 0) reads the row maxima of promotion n - 1 and writes its own into
         // the other buffer (warp 0 of warpgroup 0; every thread read the older ones before: the
         // pairs between two promotions have CTA barriers).
-        const int n = (k0 + 2 - kb0) / kPromoteBlocks - 1;
+        const int n = (c1 - kb0) / kPromoteBlocks - 1;
         const float2 mp = *reinterpret_cast<const float2*>(&ss.m_prom[(n + 1) & 1][8 * r8 + 2 * q4]);
         promote_o<true>(acc, unit_slot_o(p, cr, grp), n > 0, {mp.x, mp.y}, m_run);
         if (wg == 0 && warp == 0) *reinterpret_cast<float2*>(&ss.m_prom[n & 1][8 * r8 + 2 * q4]) = make_float2(m_run[0], m_run[1]);
-        if (kb + 2 < kb1) {  // the next pair's QK^T, as at the unit's start
-          const uint32_t nl = wg == 0 ? loads0 : loads1;
-          issue_qk(2 * wg + (nl & 1), (nl >> 1) & 1);
-          wgmma_wait<0>();
-          fence_regs(st);
-        }
       }
     }
 
