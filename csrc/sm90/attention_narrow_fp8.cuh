@@ -570,14 +570,14 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
         float stc[kChains][kQRows / 2];
         const uint64_t da = make_smem_desc_sw64(smem_u32(kv));
         wgmma_fence();
-  #pragma unroll
+#pragma unroll
         for (int b = 0; b < kNumBoxesQK; ++b) {
           if (kTma || b == 0) kv_wait(bars + 8 * b, par, kSiteQkBox);  // cp.async: the whole block on box 0's
           // cp.async writes are generic-proxy writes and the wgmmas read through the async proxy:
           // order them in the reading thread, after the mbarrier made them visible to it (TMA
           // writes are async-proxy already).
           if (!kTma && b == 0) fence_proxy_async_smem();
-  #pragma unroll
+#pragma unroll
           for (int u = 0; u < 2; ++u) {
             const int ks = 2 * b + u;
             WgmmaSsE4m3<kQRows>::mma(stc[ks % kChains], desc_add(da, b * kFp8BoxBytes + kFp8KStepBytes * u),
@@ -590,15 +590,15 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
         if constexpr (!kTma) refill_page = refill ? token_page(p, bt_row, kb + 4, kv_len) : p.num_pages;
         // s = S_hi + S_lo / 16: column octet t of hi, t + kT of lo, in the same thread (kQ8: S).
         float st[kAcc];
-  #pragma unroll
+#pragma unroll
         for (int c = 0; c < kChains; ++c) fence_regs(stc[c]);
-  #pragma unroll
+#pragma unroll
         for (int t = 0; t < kT; ++t)
-  #pragma unroll
+#pragma unroll
           for (int e = 0; e < 4; ++e) {
             float hi = stc[0][4 * t + e], lo = 0.f;
             if constexpr (!kQ8) lo = stc[0][4 * (t + kT) + e];
-  #pragma unroll
+#pragma unroll
             for (int c = 1; c < kChains; ++c) {
               hi += stc[c][4 * t + e];
               if constexpr (!kQ8) lo += stc[c][4 * (t + kT) + e];
@@ -609,9 +609,9 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
         // ---- mask, scale to log2, column maxima over the block's 64 tokens --------------------
         const int tok_a = kb * kBlockN + r_a, tok_b = kb * kBlockN + r_b;
         float cm[kT][2];
-  #pragma unroll
+#pragma unroll
         for (int t = 0; t < kT; ++t)
-  #pragma unroll
+#pragma unroll
           for (int e = 0; e < 2; ++e) {
             float& xa = st[4 * t + e];
             float& xb = st[4 * t + 2 + e];
@@ -624,9 +624,9 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
             cm[t][e] = v;
           }
         if (lane < 4)
-  #pragma unroll
+#pragma unroll
           for (int t = 0; t < kT; ++t)
-  #pragma unroll
+#pragma unroll
             for (int e = 0; e < 2; ++e) ss.colmax[wg][warp][8 * t + 2 * q4 + e] = cm[t][e];
         wg_barrier(wg);
         tl_mark(kTlNMaxShared, loads);
@@ -634,9 +634,9 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
         // ---- running max, P = 2^(s - m) into sP as (rows, token positions) e4m3, O^T rescaled ----
         float sc[kT][2];
         bool grew = false;
-  #pragma unroll
+#pragma unroll
         for (int t = 0; t < kT; ++t)
-  #pragma unroll
+#pragma unroll
           for (int e = 0; e < 2; ++e) {
             const int c = 8 * t + 2 * q4 + e;
             const float bm = fmaxf(fmaxf(ss.colmax[wg][0][c], ss.colmax[wg][1][c]),
@@ -662,11 +662,11 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
             }
           }
         if (__any_sync(0xffffffffu, grew)) {
-  #pragma unroll
+#pragma unroll
           for (int i = 0; i < 8; ++i)
-  #pragma unroll
+#pragma unroll
             for (int t = 0; t < kT; ++t)
-  #pragma unroll
+#pragma unroll
               for (int e = 0; e < 4; ++e) acc[i][4 * t + e] *= sc[t][e & 1];
         }
         // Token rows past kv_len hold anything (NaN included) and P = 0 does not cancel 0 * NaN:
@@ -685,23 +685,23 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
         // 4 byte permutes give the A fragment, no conversion (v_fragment). P holds the same token
         // order (header).
         const uint32_t vbase = smem_u32(kv);
-  #pragma unroll
+#pragma unroll
         for (int s = 0; s < 2; ++s)
-  #pragma unroll
+#pragma unroll
           for (int g = 0; g < kG; ++g) {
             if (kG * s + g >= 2) wgmma_wait<1>();
             uint32_t a[kTiles][4];
-  #pragma unroll
+#pragma unroll
             for (int x = 0; x < kTiles; ++x) {
               const int i = kTiles * g + x;
               v_fragment(vbase + voff[i & 3] + (i >> 2) * kFp8BoxBytes + s * 32 * kBoxCols, a[x]);
             }
             wgmma_fence();
             const uint64_t db = desc_add(dp, s * kFp8KStepBytes);
-  #pragma unroll
+#pragma unroll
             for (int x = 0; x < kTiles; ++x) WgmmaRsE4m3<kN>::mma(acc[kTiles * g + x], a[x], db);
             if constexpr (!kQ8) {  // the lo rows, kN rows (kN / 8 atoms of 512 bytes) further
-  #pragma unroll
+#pragma unroll
               for (int x = 0; x < kTiles; ++x)
                 WgmmaRsE4m3<kN>::mma(acc[kTiles * g + x], a[x], desc_add(db, kN * kBoxCols));
             }
@@ -717,7 +717,7 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
         tl_mark(kTlNPvIssued, loads);
         wgmma_wait<0>();
         tl_mark(kTlNPvDone, loads);
-  #pragma unroll
+#pragma unroll
         for (int i = 0; i < 8; ++i) fence_regs(acc[i]);
       }
       if (c1 < kb1) {  // warpgroup-uniform

@@ -265,9 +265,9 @@ __device__ void attention_wide_fp8(const MlaParams& p) {
         if (has) {
           const int tok_a = kb * kBlockN + r_a, tok_b = kb * kBlockN + r_b;
           const bool masked = (kb + 1) * kBlockN > lim_min;  // warpgroup-uniform
-  #pragma unroll
+#pragma unroll
           for (int t = 0; t < 8; ++t)
-  #pragma unroll
+#pragma unroll
             for (int e = 0; e < 2; ++e) {
               float& xa = st[4 * t + e];
               float& xb = st[4 * t + 2 + e];
@@ -291,11 +291,11 @@ __device__ void attention_wide_fp8(const MlaParams& p) {
 
         // ---- the pair's running max (same in both warpgroups), P into sP, O^T and sums rescaled --
         float mn2[2], sc2[2];
-  #pragma unroll
+#pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int c = 8 * r8 + 2 * q4 + e;
           float bm = ss.colmax[0][0][c];
-  #pragma unroll
+#pragma unroll
           for (int x = 1; x < 8; ++x) bm = fmaxf(bm, ss.colmax[x / 4][x % 4][c]);
           mn2[e] = bm > m_run[e] + kWLazyMax ? bm : m_run[e];
           sc2[e] = exp2_approx(m_run[e] - mn2[e]);
@@ -305,20 +305,20 @@ __device__ void attention_wide_fp8(const MlaParams& p) {
         all_gather16(mn2, mn);
         if (__any_sync(0xffffffffu, sc2[0] != 1.f || sc2[1] != 1.f)) {
           all_gather16(sc2, sc);
-  #pragma unroll
+#pragma unroll
           for (int i = 0; i < 4; ++i)
-  #pragma unroll
+#pragma unroll
             for (int t = 0; t < 8; ++t)
-  #pragma unroll
+#pragma unroll
               for (int e = 0; e < 4; ++e) acc[i][4 * t + e] *= sc[2 * t + (e & 1)];
-  #pragma unroll
+#pragma unroll
           for (int j = 0; j < 16; ++j) l_run[j] *= sc[j];
         }
         if (has) {
           uint8_t* pbuf = ss.p[wg];
-  #pragma unroll
+#pragma unroll
           for (int t = 0; t < 8; ++t)
-  #pragma unroll
+#pragma unroll
             for (int e = 0; e < 2; ++e) {
               const int c = 8 * t + 2 * q4 + e;
               const float pa = exp2_approx(st[4 * t + e] - mn[2 * t + e] + kPShift);
@@ -339,23 +339,23 @@ __device__ void attention_wide_fp8(const MlaParams& p) {
         // The partner's block is read without waiting on its TMA barriers: its owner waited for
         // them before QK^T, and the CTA barriers since make the data visible here. Keep a CTA
         // barrier between the owner's wait and this PV in any reordering.
-  #pragma unroll
+#pragma unroll
         for (int blk = 0; blk < 2; ++blk) {
           if (blk == 1 && !has1) break;
           const uint32_t vbase = smem_u32(ss.kv[blk == 0 ? stage0 : stage1]);
           const uint64_t dp = blk == 0 ? dp0 : dp1;
-  #pragma unroll
+#pragma unroll
           for (int s = 0; s < 2; ++s)
-  #pragma unroll
+#pragma unroll
             for (int g = 0; g < kG; ++g) {
               if (2 * kG * blk + kG * s + g >= 2) wgmma_wait<1>();
               uint32_t a[kTiles][4];
-  #pragma unroll
+#pragma unroll
               for (int x = 0; x < kTiles; ++x) {
                 v_fragment(vbase + voff[kTiles * g + x] + s * 32 * kBoxCols, a[x]);
               }
               wgmma_fence();
-  #pragma unroll
+#pragma unroll
               for (int x = 0; x < kTiles; ++x)
                 WgmmaRsE4m3<kBlockM>::mma(acc[kTiles * g + x], a[x], desc_add(dp, s * kFp8KStepBytes));
               wgmma_commit();
@@ -387,7 +387,7 @@ __device__ void attention_wide_fp8(const MlaParams& p) {
           wgmma_wait<0>();
         }
         tl_mark(kTlNPvDone, mine);
-  #pragma unroll
+#pragma unroll
         for (int i = 0; i < 4; ++i) fence_regs(acc[i]);
         fence_regs(st);
         loads0 += 1;
