@@ -218,16 +218,22 @@ def test_fp8_max_moves_late(B, q_len, H, page, kv_lens, q8):
 # Long PV chains in fp8: Hopper's fp8 wgmma accumulates with ~14 bits (DeepSeek-V3), so the fp8
 # kernels promote O^T to fp32 in the unit's partial slot every kPromoteBlocks (64) blocks of one
 # accumulator (attention_narrow_fp8.cuh). The launcher is given few SMs so that units run long
-# chains in one CTA: 2 SMs, two 32k-token units per CTA pair or CTA (the first an inner unit
-# promoting into its set's end slot, the last one after it); 3-4 SMs with unequal lengths, so
-# cuts fall inside units and split units promote into their own partial slots. Without the
-# promotion the wide kernel's error at 2 SMs was 3.4x PyTorch's (session 12).
+# chains in one CTA. For the wide kernel (e4m3 query, H 128: one group of two 64-row units per
+# request, CTA pairs; the plan as the CPU model of session 12's review gives it): 2 SMs, one set
+# running both requests whole (an inner unit promoting into the set's end slot, then the last);
+# 4 SMs on [8193, 30000, 12000], an inner unit of 129 blocks (= 1 mod 64), a unit split at the
+# end (263 blocks, 4 promotions, end slot), one split at the start (206 blocks, own slot) and an
+# unsplit one; 6 SMs on one 60000-token request, the middle set's piece split at both ends. The
+# narrow kernels (bf16 query; H 16) get other plans from the same inputs, with splits at 2-3 SMs.
+# Without the promotion the wide kernel's error at 2 SMs was 3.4x PyTorch's (session 12).
 @pytest.mark.parametrize("q8", [False, True], ids=["q-bf16", "q-e4m3"])
 @pytest.mark.parametrize("H,sms,kv_lens", [
     (128, 2, [32768, 32000]),
     (16, 2, [32768, 32000]),
     (128, 4, [20000, 9000, 30001]),
     (16, 3, [20000, 9000, 30001]),
+    (128, 4, [8193, 30000, 12000]),
+    (128, 6, [60000]),
 ])
 def test_fp8_long_pv_chain(H, sms, kv_lens, q8, monkeypatch):
     import jit_mla.api as api

@@ -115,12 +115,6 @@ static_assert(kPromoteBlocks % 2 == 0, "promotion happens after a block pair");
 // current ones `m` (both in the scattered layout). kStore: acc added into the slot in fp32 (no
 // accumulator truncation) and restarted at zero; else the slot added into acc (the epilogue).
 // Each thread reads only what it wrote itself.
-// O^T and the unit's fp32 slot (64 rows x 512 in partial_o), this thread's part: rows
-// c = 8 t + 2 q4 + (e & 1) of the accumulator layout, V columns v0 + 16 i + (e >> 1). The slot
-// holds the earlier chains relative to the row maxima `mp` (when `have`), rescaled here to the
-// current ones `m` (both in the scattered layout). kStore: acc added into the slot in fp32 (no
-// accumulator truncation) and restarted at zero; else the slot added into acc (the epilogue).
-// Each thread reads only what it wrote itself.
 template <bool kStore>
 __device__ __forceinline__ void promote_o(float (&acc)[4][32], float* po, bool have, const float (&mp)[2],
                                           const float (&m)[2]) {
