@@ -273,6 +273,33 @@ def test_fp8_query_row_with_inf_is_nan():
     assert_close_fa3(out[keep].float(), ref[keep], ref_lowp[keep], name="rows without inf")
 
 
+# A zero or negative bmm1_scale (a device tensor's value is not checked on the host): the kernels
+# keep S unscaled and apply a positive scale in P's FFMA (the max of the scaled scores is the
+# scaled max only then), so these take their other path, S scaled first. Every kernel family:
+# seesaw (H 128), narrow16/32, any page size, and the fp8 ones (narrow, wide with an e4m3 query).
+@pytest.mark.parametrize("scale", [-SM_SCALE, 0.0], ids=["negative", "zero"])
+@pytest.mark.parametrize("q_len,H,page,dtype,q8", [
+    (1, 128, 64, torch.bfloat16, False),
+    (1, 16, 64, torch.bfloat16, False),
+    (2, 16, 32, torch.bfloat16, False),
+    (1, 16, 1, torch.bfloat16, False),
+    (1, 128, 64, torch.float8_e4m3fn, False),
+    (1, 16, 64, torch.float8_e4m3fn, False),
+    (1, 16, 1, torch.float8_e4m3fn, False),
+    (1, 128, 64, torch.float8_e4m3fn, True),
+    (2, 16, 64, torch.float8_e4m3fn, True),
+])
+def test_non_positive_bmm1_scale(q_len, H, page, dtype, q8, scale):
+    case = make_case(4, q_len, H, page, [3000, 65, 700, 1], dtype=dtype,
+                     q_dtype=torch.float8_e4m3fn if q8 else torch.bfloat16, device=DEV, seed=37 + H)
+    case.bmm1_scale = scale
+    p_dtype = torch.float8_e4m3fn if q8 else torch.bfloat16
+    for tensor_scales in (False, True):
+        out, lse = _run(case, tensor_scales=tensor_scales)
+        _check(case, out, lse, label=f"bmm1_scale {scale:g} q{q_len} H{H} p{page} {dtype} q8={q8} "
+               f"tensor={tensor_scales}", p_dtype=p_dtype)
+
+
 # max_q_len only picks the kernel: a hint below the longest request (16-row units for requests
 # of up to 64 rows) still gives every row, for bf16 (narrow16) and fp8.
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn], ids=["bf16", "fp8"])

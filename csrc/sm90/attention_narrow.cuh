@@ -107,6 +107,9 @@ __device__ void attention_narrow(const MlaParams& p) {
   if (cr.group0 == cr.group_end) return;
 
   const auto [scale_log2, bmm2] = call_scales(p);
+  // S^T stays unscaled (the column maxima and P's FFMA apply ps) unless the scale is zero,
+  // negative or NaN (then scaled first, ps = 1; the seesaw kernel's block_max says why).
+  const float ps = scale_log2 > 0.f ? scale_log2 : 1.f;
   uint32_t loads = 0;  // blocks loaded into this warpgroup's stage so far: the mbarrier phase count
 
   for (int grp = cr.group0; grp < cr.group_end; ++grp) {
@@ -166,8 +169,12 @@ __device__ void attention_narrow(const MlaParams& p) {
       tl_mark(kTlNQkDone, loads);
       fence_regs(st);
 
-      // ---- mask, scale to log2, column maxima over the block's 64 tokens --------------------
+      // ---- mask, column maxima over the block's 64 tokens in the log2 domain ---------------
       const int tok_a = kb * kBlockN + r_a, tok_b = kb * kBlockN + r_b;
+      if (ps != scale_log2) {
+#pragma unroll
+        for (int j = 0; j < kAcc; ++j) st[j] *= scale_log2;
+      }
       float cm[kT][2];
 #pragma unroll
       for (int t = 0; t < kT; ++t)
@@ -175,13 +182,13 @@ __device__ void attention_narrow(const MlaParams& p) {
         for (int e = 0; e < 2; ++e) {
           float& xa = st[4 * t + e];
           float& xb = st[4 * t + 2 + e];
-          xa = tok_a < lim[t][e] ? xa * scale_log2 : -INFINITY;
-          xb = tok_b < lim[t][e] ? xb * scale_log2 : -INFINITY;
+          xa = tok_a < lim[t][e] ? xa : -INFINITY;
+          xb = tok_b < lim[t][e] ? xb : -INFINITY;
           float v = fmaxf(xa, xb);
           v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 4));
           v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 8));
           v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 16));
-          cm[t][e] = v;
+          cm[t][e] = v * ps;
         }
       if (lane < 4)
 #pragma unroll
@@ -205,7 +212,7 @@ __device__ void attention_narrow(const MlaParams& p) {
           sc[t][e] = exp2_approx(m_run[t][e] - mn);
           grew |= sc[t][e] != 1.f;
           m_run[t][e] = mn;
-          const float pa = exp2_approx(st[4 * t + e] - mn), pb = exp2_approx(st[4 * t + 2 + e] - mn);
+          const float pa = exp2_approx(fmaf(st[4 * t + e], ps, -mn)), pb = exp2_approx(fmaf(st[4 * t + 2 + e], ps, -mn));
           l_run[t][e] = l_run[t][e] * sc[t][e] + pa + pb;
           // P row c, tokens r_a and r_b: 16-byte chunk token / 8 of the swizzled 128-byte row.
           *reinterpret_cast<__nv_bfloat16*>(ss.p[wg] + swizzled(c, r_a >> 3) + 2 * (r_a & 7)) =

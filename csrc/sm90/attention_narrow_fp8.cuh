@@ -415,36 +415,49 @@ __device__ __forceinline__ float* unit_slot_o(const MlaParams& p, const CtaRange
   return p.partial_o + (long long)partial_slot(p, cr.set, grp, cr.lane_m) * kBlockM * kHeadDimV;
 }
 
-// A narrow warpgroup's O^T (acc, tiles i: rows c = 8 t + 2 q4 + (e & 1), V columns
-// 16 (8 warp + i) + 2 r8 + (e >> 1), header) and its rows of the slot (`po`: row c at
-// po + c * 512). The slot holds the earlier chains relative to the row maxima mp[c] (when `mp`
-// is not null), rescaled here to the current ones `m`. kStore: acc added into the slot in fp32
-// (no accumulator truncation) and restarted at zero; else the slot added into acc (epilogue).
-// Each thread reads only what it wrote itself.
-template <int kT, bool kStore>
-__device__ __forceinline__ void promote_o_narrow(float (&acc)[8][4 * kT], float* po, const float* mp,
-                                                 const float (&m)[kT][2]) {
-  const int q4 = threadIdx.x & 3, r8 = (threadIdx.x & 31) >> 2, warp = (threadIdx.x % 128) / 32;
+// O^T and this thread's rows of the unit's fp32 slot, for both the narrow kernels (8 tiles, kT
+// column octets) and the wide one (4 tiles, 8 octets): acc[i][4 t + e'] is row c = 8 t + 2 q4 +
+// (e' & 1), V column col0 + 16 i + (e' >> 1); row c of the slot at po + c * 512. The slot holds
+// the earlier chains relative to older row maxima, f[t][e] = 2^(m_old - m) rescales them to the
+// current ones (`have` false: the slot holds nothing yet). kStore: acc added into the slot in
+// fp32 (no accumulator truncation) and restarted at zero; else the slot added into acc (the
+// epilogue). Each thread reads only what it wrote itself.
+template <int kTiles, int kT, bool kStore>
+__device__ __forceinline__ void promote_o(float (&acc)[kTiles][4 * kT], float* po, int col0, bool have,
+                                          const float (&f)[kT][2]) {
+  const int q4 = threadIdx.x & 3;
 #pragma unroll
   for (int t = 0; t < kT; ++t)
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
-      const int c = 8 * t + 2 * q4 + e;
-      const float f = mp != nullptr ? exp2_approx(mp[c] - m[t][e]) : 0.f;
-      float* row = po + c * kHeadDimV + 16 * 8 * warp + 2 * r8;
+      float* row = po + (8 * t + 2 * q4 + e) * kHeadDimV + col0;
 #pragma unroll
-      for (int i = 0; i < 8; ++i) {
+      for (int i = 0; i < kTiles; ++i) {
         float2 v = make_float2(acc[i][4 * t + e], acc[i][4 * t + 2 + e]);
-        if (mp != nullptr) {
+        if (have) {
           const float2 o = *reinterpret_cast<const float2*>(row + 16 * i);
-          v.x = fmaf(o.x, f, v.x);
-          v.y = fmaf(o.y, f, v.y);
+          v.x = fmaf(o.x, f[t][e], v.x);
+          v.y = fmaf(o.y, f[t][e], v.y);
         }
         if (kStore) *reinterpret_cast<float2*>(row + 16 * i) = v;
         acc[i][4 * t + e] = kStore ? 0.f : v.x;
         acc[i][4 * t + 2 + e] = kStore ? 0.f : v.y;
       }
     }
+}
+
+// A narrow warpgroup's promotion: its rows c of the slot (po), V columns 128 warp + 16 i + 2 r8
+// (header); the earlier chains relative to the row maxima mp[c] (none when `mp` is null).
+template <int kT, bool kStore>
+__device__ __forceinline__ void promote_o_narrow(float (&acc)[8][4 * kT], float* po, const float* mp,
+                                                 const float (&m)[kT][2]) {
+  const int q4 = threadIdx.x & 3, r8 = (threadIdx.x & 31) >> 2, warp = (threadIdx.x % 128) / 32;
+  float f[kT][2];
+#pragma unroll
+  for (int t = 0; t < kT; ++t)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) f[t][e] = mp != nullptr ? exp2_approx(mp[8 * t + 2 * q4 + e] - m[t][e]) : 0.f;
+  promote_o<8, kT, kStore>(acc, po, 16 * 8 * warp + 2 * r8, mp != nullptr, f);
 }
 
 template <int kN, bool kTma, bool kQ8>
@@ -517,21 +530,27 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
     fence_proxy_async_smem();
     __syncthreads();
 
-    // This thread's columns (Q rows) c = 8t + 2 q4 + e: KV limits, score scales, running max, sums.
+    // Row c's score scale to the log2 domain (a bf16 query: times Q's exponent shift; NaN for a
+    // row that is not finite).
+    auto row_scale = [&, sc = scale_log2](int c) {
+      if constexpr (kQ8) return sc;
+      const int qe = ss.qexp[wg][c];
+      return qe == kQexpNonFinite ? __int_as_float(0x7fffffff) : sc * exp2_int(qe);
+    };
+    // S^T stays unscaled (the column maxima and P's FFMA apply ps = the row's scale) unless the
+    // call's scale is zero, negative or NaN (rare: then S^T is scaled first and ps is 1; the
+    // seesaw kernel's block_max says why).
+    const bool raw = scale_log2 > 0.f;
+    // This thread's columns (Q rows) c = 8t + 2 q4 + e: KV limits, P's scales, running max, sums.
     int lim[kT][2];
-    float sl[kT][2], m_run[kT][2], l_run[kT][2];
+    float ps[kT][2], m_run[kT][2], l_run[kT][2];
 #pragma unroll
     for (int t = 0; t < kT; ++t)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int c = 8 * t + 2 * q4 + e;
         lim[t][e] = unit_row_limit(p, unit, c);
-        if constexpr (kQ8) {
-          sl[t][e] = scale_log2;
-        } else {
-          const int qe = ss.qexp[wg][c];
-          sl[t][e] = qe == kQexpNonFinite ? __int_as_float(0x7fffffff) : scale_log2 * exp2_int(qe);
-        }
+        ps[t][e] = raw ? row_scale(c) : 1.f;
         m_run[t][e] = kMaxInit;
         l_run[t][e] = 0.f;
       }
@@ -606,8 +625,18 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
             st[4 * t + e] = kQ8 ? hi : fmaf(lo, 1.f / kQLoScale, hi);
           }
 
-        // ---- mask, scale to log2, column maxima over the block's 64 tokens --------------------
+        // ---- mask, column maxima over the block's 64 tokens in the log2 domain ---------------
         const int tok_a = kb * kBlockN + r_a, tok_b = kb * kBlockN + r_b;
+        if (!raw) {
+#pragma unroll
+          for (int t = 0; t < kT; ++t)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const float f = row_scale(8 * t + 2 * q4 + e);
+              st[4 * t + e] *= f;
+              st[4 * t + 2 + e] *= f;
+            }
+        }
         float cm[kT][2];
 #pragma unroll
         for (int t = 0; t < kT; ++t)
@@ -615,13 +644,13 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
           for (int e = 0; e < 2; ++e) {
             float& xa = st[4 * t + e];
             float& xb = st[4 * t + 2 + e];
-            xa = tok_a < lim[t][e] ? xa * sl[t][e] : -INFINITY;
-            xb = tok_b < lim[t][e] ? xb * sl[t][e] : -INFINITY;
+            xa = tok_a < lim[t][e] ? xa : -INFINITY;
+            xb = tok_b < lim[t][e] ? xb : -INFINITY;
             float v = fmaxf(xa, xb);
             v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 4));
             v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 8));
             v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 16));
-            cm[t][e] = v;
+            cm[t][e] = v * ps[t][e];
           }
         if (lane < 4)
 #pragma unroll
@@ -647,7 +676,8 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
             m_run[t][e] = mn;
             // P scaled by 2^kPShift (<= 256, within e4m3); l_run and O carry the same factor, the
             // row max handed to the store drops it.
-            const float pa = exp2_approx(st[4 * t + e] - mn + kPShift), pb = exp2_approx(st[4 * t + 2 + e] - mn + kPShift);
+            const float nb = kPShift - mn;
+            const float pa = exp2_approx(fmaf(st[4 * t + e], ps[t][e], nb)), pb = exp2_approx(fmaf(st[4 * t + 2 + e], ps[t][e], nb));
             // The row sum takes P before rounding (as FlashAttention-3 does for its e4m3 P).
             l_run[t][e] = l_run[t][e] * sc[t][e] + pa + pb;
             // Tokens r_a, r_b sit at positions 16 warp + 2 r8 + {0, 1} (header): one 16-bit store.

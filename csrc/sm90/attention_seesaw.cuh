@@ -212,26 +212,30 @@ __device__ __forceinline__ void tree_reduce8(float (&ra)[8], float (&rb)[8], Op 
     }
 }
 
-// Scale S to the log2 domain in place, masking tokens at or past each row's limit, and return the
-// rows' maxima (over the quad). Only blocks that reach a limit pay for the mask: a thread's two
-// rows need none when the whole block [blk0, blk0 + 64) lies below both limits.
+// The rows' maxima of S in the log2 domain (over the quad), masking tokens at or past each row's
+// limit to -inf. S stays unscaled when scale_log2 > 0 (the max of the scaled values is the scaled
+// max, and exp_rows applies the scale in its FFMA: 32 FMULs per block fewer); else (a zero,
+// negative or NaN scale: rare) it is scaled here and `ps` is 1. Either way P = 2^(s ps - m).
+// Only blocks that reach a limit pay for the mask: a thread's two rows need none when the whole
+// block [blk0, blk0 + 64) lies below both limits.
 __device__ __forceinline__ void block_max(float (&s)[32], int blk0, int q4, int lim_a, int lim_b,
-                                          float scale_log2, float& mx_a, float& mx_b) {
+                                          float scale_log2, float ps, float& mx_a, float& mx_b) {
   if constexpr (kProbeNoSoftmax) {
     mx_a = mx_b = 0.f;
     return;
   }
-  if (blk0 + kBlockN <= min(lim_a, lim_b)) {
+  if (ps != scale_log2) {
 #pragma unroll
     for (int i = 0; i < 32; ++i) s[i] *= scale_log2;
-  } else {
+  }
+  if (blk0 + kBlockN > min(lim_a, lim_b)) {
 #pragma unroll
     for (int t = 0; t < 8; ++t) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int tok = blk0 + 2 * q4 + 8 * t + (e & 1);
         float& x = s[4 * t + e];
-        x = tok < (e < 2 ? lim_a : lim_b) ? x * scale_log2 : -INFINITY;
+        x = tok < (e < 2 ? lim_a : lim_b) ? x : -INFINITY;
       }
     }
   }
@@ -243,15 +247,15 @@ __device__ __forceinline__ void block_max(float (&s)[32], int blk0, int q4, int 
     rb[t] = fmaxf(s[4 * t + 2], s[4 * t + 3]);
   }
   tree_reduce8(ra, rb, [](float x, float y) { return fmaxf(x, y); });
-  mx_a = ra[0];
-  mx_b = rb[0];
+  mx_a = ra[0] * ps;
+  mx_b = rb[0] * ps;
   // The shuffles stay outside the branch: lanes of one warp may take different sides of it.
   mx_a = quad_max(mx_a);
   mx_b = quad_max(mx_b);
 }
 
-// P = 2^(t - m) in place; returns this thread's row sums.
-__device__ __forceinline__ void exp_rows(float (&s)[32], float m_a, float m_b, float& sum_a, float& sum_b) {
+// P = 2^(s ps - m) in place (one FFMA and one MUFU each); returns this thread's row sums.
+__device__ __forceinline__ void exp_rows(float (&s)[32], float ps, float m_a, float m_b, float& sum_a, float& sum_b) {
   if constexpr (kProbeNoSoftmax) {
     sum_a = sum_b = 1.f;
     return;
@@ -259,10 +263,10 @@ __device__ __forceinline__ void exp_rows(float (&s)[32], float m_a, float m_b, f
   float ra[8], rb[8];
 #pragma unroll
   for (int t = 0; t < 8; ++t) {
-    s[4 * t + 0] = exp2_approx(s[4 * t + 0] - m_a);
-    s[4 * t + 1] = exp2_approx(s[4 * t + 1] - m_a);
-    s[4 * t + 2] = exp2_approx(s[4 * t + 2] - m_b);
-    s[4 * t + 3] = exp2_approx(s[4 * t + 3] - m_b);
+    s[4 * t + 0] = exp2_approx(fmaf(s[4 * t + 0], ps, -m_a));
+    s[4 * t + 1] = exp2_approx(fmaf(s[4 * t + 1], ps, -m_a));
+    s[4 * t + 2] = exp2_approx(fmaf(s[4 * t + 2], ps, -m_b));
+    s[4 * t + 3] = exp2_approx(fmaf(s[4 * t + 3], ps, -m_b));
     ra[t] = s[4 * t + 0] + s[4 * t + 1];
     rb[t] = s[4 * t + 2] + s[4 * t + 3];
   }
@@ -272,13 +276,23 @@ __device__ __forceinline__ void exp_rows(float (&s)[32], float m_a, float m_b, f
   sum_b = rb[0];
 }
 
-// P (fp32 accumulator layout, times per-row factors) -> bf16 into a 128B-swizzled (64, 64) box.
-__device__ __forceinline__ void store_p(uint8_t* box, const float (&s)[32], const Rows& rw, float f_a, float f_b) {
+// P (fp32 accumulator layout) -> bf16 into a 128B-swizzled (64, 64) box.
+__device__ __forceinline__ void store_p(uint8_t* box, const float (&s)[32], const Rows& rw) {
 #pragma unroll
   for (int t = 0; t < 8; ++t) {
-    *reinterpret_cast<uint32_t*>(box + swizzled(rw.r_a, t) + 4 * rw.q4) = pack_bf16x2(s[4 * t] * f_a, s[4 * t + 1] * f_a);
-    *reinterpret_cast<uint32_t*>(box + swizzled(rw.r_b, t) + 4 * rw.q4) =
-        pack_bf16x2(s[4 * t + 2] * f_b, s[4 * t + 3] * f_b);
+    *reinterpret_cast<uint32_t*>(box + swizzled(rw.r_a, t) + 4 * rw.q4) = pack_bf16x2(s[4 * t], s[4 * t + 1]);
+    *reinterpret_cast<uint32_t*>(box + swizzled(rw.r_b, t) + 4 * rw.q4) = pack_bf16x2(s[4 * t + 2], s[4 * t + 3]);
+  }
+}
+
+// P *= per-row factors; skipped when they are 1 for the whole warp (WG1's block did not move the
+// lazy max: most pairs), as scale_o.
+__device__ __forceinline__ void scale_p(float (&s)[32], float f_a, float f_b) {
+  if (!__any_sync(0xffffffffu, f_a != 1.f || f_b != 1.f)) return;
+#pragma unroll
+  for (int t = 0; t < 8; ++t) {
+    s[4 * t + 0] *= f_a; s[4 * t + 1] *= f_a;
+    s[4 * t + 2] *= f_b; s[4 * t + 3] *= f_b;
   }
 }
 
@@ -348,6 +362,7 @@ __device__ void attention_seesaw(const MlaParams& p) {
   if (cr.group0 == cr.group_end) return;
 
   const auto [scale_log2, bmm2] = call_scales(p);
+  const float ps = scale_log2 > 0.f ? scale_log2 : 1.f;  // block_max: the scale P's FFMA applies
   uint32_t loads[2] = {0, 0};  // blocks loaded into each stage so far: the mbarrier phase count
   uint32_t pairs = 0;          // block pairs done so far: the hand-offs' phase count
 
@@ -402,7 +417,7 @@ __device__ void attention_seesaw(const MlaParams& p) {
       if (wg == 0) {
         // ---- block kb: softmax against the running max m, O_L += P0 V_L -------------------
         float mx_a, mx_b;
-        block_max(s, kb * kBlockN, rw.q4, lim_a, lim_b, scale_log2, mx_a, mx_b);
+        block_max(s, kb * kBlockN, rw.q4, lim_a, lim_b, scale_log2, ps, mx_a, mx_b);
         const float mp_a = ss.m[rw.r_a], mp_b = ss.m[rw.r_b];
         const float m0_a = lazy_max(mp_a, mx_a), m0_b = lazy_max(mp_b, mx_b);
         const float sc0_a = exp2_approx(mp_a - m0_a), sc0_b = exp2_approx(mp_b - m0_b);
@@ -410,7 +425,7 @@ __device__ void attention_seesaw(const MlaParams& p) {
         publish_max(ss.m, ss.scale0, rw, m0_a, m0_b, sc0_a, sc0_b, hand0 + 8 * kHandScale0);
         tl_mark(kTlMaxDone, pairs);
         float sum_a, sum_b;
-        exp_rows(s, m0_a, m0_b, sum_a, sum_b);
+        exp_rows(s, ps, m0_a, m0_b, sum_a, sum_b);
         tl_mark(kTlExpDone, pairs);
         l_a = l_a * sc0_a + sum_a;
         l_b = l_b * sc0_b + sum_b;
@@ -430,7 +445,8 @@ __device__ void attention_seesaw(const MlaParams& p) {
         hand_wait(hand0 + 8 * kHandScale1, hpar);
         tl_mark(kTlScaleGot, pairs);
         const float sc1_a = ss.scale1[rw.r_a], sc1_b = ss.scale1[rw.r_b];
-        store_p(ss.kv[0] + 8 * kBoxBytes, s, rw, sc1_a, sc1_b);
+        scale_p(s, sc1_a, sc1_b);
+        store_p(ss.kv[0] + 8 * kBoxBytes, s, rw);
         fence_proxy_async_smem();
         mbar_arrive(hand0 + 8 * kHandP0);
         tl_mark(kTlPStored, pairs);
@@ -478,7 +494,7 @@ __device__ void attention_seesaw(const MlaParams& p) {
         float m1_a = m0_a, m1_b = m0_b, sc1_a = 1.f, sc1_b = 1.f;
         if (has1) {
           float mx_a, mx_b;
-          block_max(s, (kb + 1) * kBlockN, rw.q4, lim_a, lim_b, scale_log2, mx_a, mx_b);
+          block_max(s, (kb + 1) * kBlockN, rw.q4, lim_a, lim_b, scale_log2, ps, mx_a, mx_b);
           m1_a = lazy_max(m0_a, mx_a);
           m1_b = lazy_max(m0_b, mx_b);
           sc1_a = exp2_approx(m0_a - m1_a);
@@ -488,10 +504,10 @@ __device__ void attention_seesaw(const MlaParams& p) {
         tl_mark(kTlMaxDone, pairs);
         if (has1) {
           float sum_a, sum_b;
-          exp_rows(s, m1_a, m1_b, sum_a, sum_b);
+          exp_rows(s, ps, m1_a, m1_b, sum_a, sum_b);
           l_a = l_a * sc0_a * sc1_a + sum_a;
           l_b = l_b * sc0_b * sc1_b + sum_b;
-          store_p(ss.p1, s, rw, 1.f, 1.f);
+          store_p(ss.p1, s, rw);
           fence_proxy_async_smem();
         } else {
           l_a *= sc0_a;

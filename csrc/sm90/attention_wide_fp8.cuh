@@ -109,37 +109,17 @@ constexpr float kWLazyMax = 0.75f;
 // O^T is promoted every kPromoteBlocks blocks (attention_narrow_fp8.cuh: fp8 wgmma accumulation).
 static_assert(kPromoteBlocks % 2 == 0, "promotion happens after a block pair");
 
-// O^T and the unit's fp32 slot (64 rows x 512 in partial_o), this thread's part: rows
-// c = 8 t + 2 q4 + (e & 1) of the accumulator layout, V columns v0 + 16 i + (e >> 1). The slot
-// holds the earlier chains relative to the row maxima `mp` (when `have`), rescaled here to the
-// current ones `m` (both in the scattered layout). kStore: acc added into the slot in fp32 (no
-// accumulator truncation) and restarted at zero; else the slot added into acc (the epilogue).
-// Each thread reads only what it wrote itself.
+// The wide kernel's promotion (promote_o, attention_narrow_fp8.cuh): rows c = 8 t + 2 q4 + e of
+// the slot, V columns 256 wg + 64 warp + 16 i + 2 r8; the earlier chains relative to the row
+// maxima `mp` (when `have`), the current ones `m` (both in the scattered layout).
 template <bool kStore>
-__device__ __forceinline__ void promote_o(float (&acc)[4][32], float* po, bool have, const float (&mp)[2],
-                                          const float (&m)[2]) {
-  const int tw = threadIdx.x % 128, q4 = threadIdx.x & 3, r8 = (threadIdx.x & 31) >> 2;
-  const int v0 = (threadIdx.x / 128) * kOCols + 16 * 4 * (tw / 32) + 2 * r8;
-  float f2[2] = {exp2_approx(mp[0] - m[0]), exp2_approx(mp[1] - m[1])}, f[16];
-  all_gather16(f2, f);
-#pragma unroll
-  for (int t = 0; t < 8; ++t)
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      float* row = po + (8 * t + 2 * q4 + e) * kHeadDimV + v0;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        float2 v = make_float2(acc[i][4 * t + e], acc[i][4 * t + 2 + e]);
-        if (have) {
-          const float2 o = *reinterpret_cast<const float2*>(row + 16 * i);
-          v.x = fmaf(o.x, f[2 * t + e], v.x);
-          v.y = fmaf(o.y, f[2 * t + e], v.y);
-        }
-        if (kStore) *reinterpret_cast<float2*>(row + 16 * i) = v;
-        acc[i][4 * t + e] = kStore ? 0.f : v.x;
-        acc[i][4 * t + 2 + e] = kStore ? 0.f : v.y;
-      }
-    }
+__device__ __forceinline__ void promote_o_wide(float (&acc)[4][32], float* po, bool have, const float (&mp)[2],
+                                               const float (&m)[2]) {
+  const int tw = threadIdx.x % 128, r8 = (threadIdx.x & 31) >> 2;
+  const float f2[2] = {exp2_approx(mp[0] - m[0]), exp2_approx(mp[1] - m[1])};
+  float f[8][2];
+  all_gather16(f2, reinterpret_cast<float(&)[16]>(f));
+  promote_o<4, 8, kStore>(acc, po, (threadIdx.x / 128) * kOCols + 16 * 4 * (tw / 32) + 2 * r8, have, f);
 }
 
 template <bool kTma, bool kQ8>
@@ -179,6 +159,7 @@ __device__ void attention_wide_fp8(const MlaParams& p) {
   if (cr.group0 == cr.group_end) return;
 
   const auto [scale_log2, bmm2] = call_scales(p);
+  const float ps = scale_log2 > 0.f ? scale_log2 : 1.f;  // the scale P's FFMA applies to S^T
   // Blocks warpgroup w consumed so far (each warpgroup counts both: PV reads the partner's
   // stage): w's j-th block is in stage 2 w + loads_w % 2, its TMA phase (loads_w / 2) % 2.
   uint32_t loads0 = 0, loads1 = 0;
@@ -254,19 +235,23 @@ __device__ void attention_wide_fp8(const MlaParams& p) {
         const int refill_page = tw < 32 && refill ? block_pages(p, bt_row, kb + 4, kv_len) : p.num_pages;
         tl_mark(kTlNBlockStart, mine);
 
-        // ---- mask, scale to log2, column maxima over the block's tokens -------------------------
+        // ---- mask, column maxima over the block's tokens in the log2 domain ----------------------
+        // S^T stays unscaled (ps = scale_log2 > 0; P's FFMA applies it) unless the scale is zero,
+        // negative or NaN (then scaled here, ps = 1): block_max of the seesaw kernel says why.
         float cm[16];
         if (has) {
           const int tok_a = kb * kBlockN + r_a, tok_b = kb * kBlockN + r_b;
           const bool masked = (kb + 1) * kBlockN > lim_min;  // warpgroup-uniform
+          if (ps != scale_log2) {
+#pragma unroll
+            for (int j = 0; j < 32; ++j) st[j] *= scale_log2;
+          }
 #pragma unroll
           for (int t = 0; t < 8; ++t)
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
               float& xa = st[4 * t + e];
               float& xb = st[4 * t + 2 + e];
-              xa *= scale_log2;
-              xb *= scale_log2;
               if (masked) {
                 const int lim = unit_row_limit(p, unit, 8 * t + 2 * q4 + e);
                 xa = tok_a < lim ? xa : -INFINITY;
@@ -276,7 +261,7 @@ __device__ void attention_wide_fp8(const MlaParams& p) {
             }
           float part[2];
           reduce_scatter16(cm, part, FMax{});
-          *reinterpret_cast<float2*>(&ss.colmax[wg][warp][8 * r8 + 2 * q4]) = make_float2(part[0], part[1]);
+          *reinterpret_cast<float2*>(&ss.colmax[wg][warp][8 * r8 + 2 * q4]) = make_float2(part[0] * ps, part[1] * ps);
         } else {
           *reinterpret_cast<float2*>(&ss.colmax[wg][warp][8 * r8 + 2 * q4]) = make_float2(-INFINITY, -INFINITY);
         }
@@ -295,8 +280,10 @@ __device__ void attention_wide_fp8(const MlaParams& p) {
           sc2[e] = exp2_approx(m_run[e] - mn2[e]);
           m_run[e] = mn2[e];
         }
-        float mn[16], sc[16];
-        all_gather16(mn2, mn);
+        // P = 2^(s ps - m + kPShift) = 2^fma(s, ps, nb): the bias per row, gathered.
+        const float nb2[2] = {kPShift - mn2[0], kPShift - mn2[1]};
+        float nb[16], sc[16];
+        all_gather16(nb2, nb);
         if (__any_sync(0xffffffffu, sc2[0] != 1.f || sc2[1] != 1.f)) {
           all_gather16(sc2, sc);
 #pragma unroll
@@ -315,8 +302,8 @@ __device__ void attention_wide_fp8(const MlaParams& p) {
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
               const int c = 8 * t + 2 * q4 + e;
-              const float pa = exp2_approx(st[4 * t + e] - mn[2 * t + e] + kPShift);
-              const float pb = exp2_approx(st[4 * t + 2 + e] - mn[2 * t + e] + kPShift);
+              const float pa = exp2_approx(fmaf(st[4 * t + e], ps, nb[2 * t + e]));
+              const float pb = exp2_approx(fmaf(st[4 * t + 2 + e], ps, nb[2 * t + e]));
               l_run[2 * t + e] += pa + pb;  // from P before rounding
               // Tokens r_a, r_b at positions 16 warp + 2 r8 + {0, 1} (narrow fp8 header).
               *reinterpret_cast<uint16_t*>(pbuf + sw64(c, warp) + 2 * r8) = (uint16_t)f32x2_to_e4m3x2(pa, pb);
@@ -365,19 +352,18 @@ __device__ void attention_wide_fp8(const MlaParams& p) {
         // The two paths each end with every wgmma retired: merged while this warpgroup's QK^T was
         // in flight, ptxas serialized the wgmmas (C7515: the other path's softmax defines S^T).
         // Every phase of vfree is waited for (a refill or not), so its phase stays the stage's use count.
+        // Warp 0: once both warpgroups are done reading this warpgroup's stage, block kb + 4 into it.
+        auto refill_stage = [&] {
+          mbar_wait(smem_u32(&ss.vfree[stage]), (mine >> 1) & 1);
+          if (refill) issue_kv_fp8(p, smem_u32(ss.kv[stage]), smem_u32(&ss.bar[stage][0]), kb + 4, refill_page);
+        };
         if (next) {
           const uint32_t nl = mine + 1;
           issue_qk(2 * wg + (nl & 1), (nl >> 1) & 1);
-          if (tw < 32) {
-            mbar_wait(smem_u32(&ss.vfree[stage]), (mine >> 1) & 1);
-            if (refill) issue_kv_fp8(p, smem_u32(ss.kv[stage]), smem_u32(&ss.bar[stage][0]), kb + 4, refill_page);
-          }
+          if (tw < 32) refill_stage();
           wgmma_wait<0>();
         } else {  // a refill only at a chain's end (else it would be block kb + 4 > kb + 2)
-          if (tw < 32 && has) {
-            mbar_wait(smem_u32(&ss.vfree[stage]), (mine >> 1) & 1);
-            if (refill) issue_kv_fp8(p, smem_u32(ss.kv[stage]), smem_u32(&ss.bar[stage][0]), kb + 4, refill_page);
-          }
+          if (tw < 32 && has) refill_stage();
           wgmma_wait<0>();
         }
         tl_mark(kTlNPvDone, mine);
@@ -393,7 +379,7 @@ __device__ void attention_wide_fp8(const MlaParams& p) {
         // pairs between two promotions have CTA barriers).
         const int n = (c1 - kb0) / kPromoteBlocks - 1;
         const float2 mp = *reinterpret_cast<const float2*>(&ss.m_prom[(n + 1) & 1][8 * r8 + 2 * q4]);
-        promote_o<true>(acc, unit_slot_o(p, cr, grp), n > 0, {mp.x, mp.y}, m_run);
+        promote_o_wide<true>(acc, unit_slot_o(p, cr, grp), n > 0, {mp.x, mp.y}, m_run);
         if (wg == 0 && warp == 0) *reinterpret_cast<float2*>(&ss.m_prom[n & 1][8 * r8 + 2 * q4]) = make_float2(m_run[0], m_run[1]);
       }
     }
@@ -431,7 +417,7 @@ __device__ void attention_wide_fp8(const MlaParams& p) {
     if (kb1 - kb0 > kPromoteBlocks) {  // promoted at least once (CTA-uniform): the last was n
       const int n = (kb1 - kb0 - 1) / kPromoteBlocks - 1;
       const float2 mp = *reinterpret_cast<const float2*>(&ss.m_prom[n & 1][8 * r8 + 2 * q4]);
-      promote_o<false>(acc, unit_slot_o(p, cr, grp), true, {mp.x, mp.y}, m_run);
+      promote_o_wide<false>(acc, unit_slot_o(p, cr, grp), true, {mp.x, mp.y}, m_run);
     }
     // acc[i][4 t + e]: row c = 8 t + 2 q4 + (e & 1), V column v0 + (e >> 1): one pair per row.
     const int v0 = wg * kOCols + 16 * 4 * warp + 2 * r8;
