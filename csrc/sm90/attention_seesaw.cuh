@@ -276,23 +276,34 @@ __device__ __forceinline__ void exp_rows(float (&s)[32], float ps, float m_a, fl
   sum_b = rb[0];
 }
 
-// P (fp32 accumulator layout) -> bf16 into a 128B-swizzled (64, 64) box.
-__device__ __forceinline__ void store_p(uint8_t* box, const float (&s)[32], const Rows& rw) {
+// P (fp32 accumulator layout) -> bf16 pairs, once for both of its uses (PV from registers and
+// the copy in shared memory for the other warpgroup): pk[2 t] holds row r_a's tokens 8 t + 2 q4
+// + {0, 1}, pk[2 t + 1] row r_b's. pk[4 kk .. 4 kk + 3] is the A fragment of PV's k-step kk.
+__device__ __forceinline__ void pack_p(const float (&s)[32], uint32_t (&pk)[16]) {
 #pragma unroll
   for (int t = 0; t < 8; ++t) {
-    *reinterpret_cast<uint32_t*>(box + swizzled(rw.r_a, t) + 4 * rw.q4) = pack_bf16x2(s[4 * t], s[4 * t + 1]);
-    *reinterpret_cast<uint32_t*>(box + swizzled(rw.r_b, t) + 4 * rw.q4) = pack_bf16x2(s[4 * t + 2], s[4 * t + 3]);
+    pk[2 * t] = pack_bf16x2(s[4 * t], s[4 * t + 1]);
+    pk[2 * t + 1] = pack_bf16x2(s[4 * t + 2], s[4 * t + 3]);
   }
 }
 
-// P *= per-row factors; skipped when they are 1 for the whole warp (WG1's block did not move the
-// lazy max: most pairs), as scale_o.
-__device__ __forceinline__ void scale_p(float (&s)[32], float f_a, float f_b) {
-  if (!__any_sync(0xffffffffu, f_a != 1.f || f_b != 1.f)) return;
+// Packed P -> a 128B-swizzled (64, 64) box.
+__device__ __forceinline__ void store_p(uint8_t* box, const uint32_t (&pk)[16], const Rows& rw) {
 #pragma unroll
   for (int t = 0; t < 8; ++t) {
-    s[4 * t + 0] *= f_a; s[4 * t + 1] *= f_a;
-    s[4 * t + 2] *= f_b; s[4 * t + 3] *= f_b;
+    *reinterpret_cast<uint32_t*>(box + swizzled(rw.r_a, t) + 4 * rw.q4) = pk[2 * t];
+    *reinterpret_cast<uint32_t*>(box + swizzled(rw.r_b, t) + 4 * rw.q4) = pk[2 * t + 1];
+  }
+}
+
+// Packed P *= per-row factors (rounded to bf16 again); skipped when they are 1 for the whole warp
+// (WG1's block did not move the lazy max: most pairs), as scale_o.
+__device__ __forceinline__ void scale_p(uint32_t (&pk)[16], float f_a, float f_b) {
+  if (!__any_sync(0xffffffffu, f_a != 1.f || f_b != 1.f)) return;
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    const float f = j % 2 == 0 ? f_a : f_b;
+    pk[j] = pack_bf16x2(__uint_as_float(pk[j] << 16) * f, __uint_as_float(pk[j] & 0xffff0000u) * f);
   }
 }
 
@@ -308,20 +319,13 @@ __device__ __forceinline__ void scale_o(float (&o)[128], float f_a, float f_b) {
 }
 
 // O_half += P V_half with P from registers: the m64n64 accumulator fragment of 16 columns is
-// exactly the A fragment of one k16 step. v_boxes: shared address of this half's first V box.
-__device__ __forceinline__ void pv_rs(float (&o)[128], const float (&s)[32], uint32_t v_boxes) {
-  uint32_t a[4][4];
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk) {
-    a[kk][0] = pack_bf16x2(s[8 * kk + 0], s[8 * kk + 1]);
-    a[kk][1] = pack_bf16x2(s[8 * kk + 2], s[8 * kk + 3]);
-    a[kk][2] = pack_bf16x2(s[8 * kk + 4], s[8 * kk + 5]);
-    a[kk][3] = pack_bf16x2(s[8 * kk + 6], s[8 * kk + 7]);
-  }
+// exactly the A fragment of one k16 step (pack_p). v_boxes: shared address of this half's first V box.
+__device__ __forceinline__ void pv_rs(float (&o)[128], const uint32_t (&pk)[16], uint32_t v_boxes) {
   const uint64_t dv = make_smem_desc(v_boxes, kBoxBytes, 1024);
   wgmma_fence();
 #pragma unroll
-  for (int kk = 0; kk < 4; ++kk) wgmma_m64n256k16_rs_tnspb(o, a[kk], desc_add(dv, kk * 16 * 128), 1);
+  for (int kk = 0; kk < 4; ++kk)
+    wgmma_m64n256k16_rs_tnspb(o, reinterpret_cast<const uint32_t(&)[4]>(pk[4 * kk]), desc_add(dv, kk * 16 * 128), 1);
   wgmma_commit();
 }
 
@@ -426,12 +430,14 @@ __device__ void attention_seesaw(const MlaParams& p) {
         tl_mark(kTlMaxDone, pairs);
         float sum_a, sum_b;
         exp_rows(s, ps, m0_a, m0_b, sum_a, sum_b);
+        uint32_t pk[16];
+        pack_p(s, pk);
         tl_mark(kTlExpDone, pairs);
         l_a = l_a * sc0_a + sum_a;
         l_b = l_b * sc0_b + sum_b;
         scale_o(o, sc0_a, sc0_b);
         if ((kb + 1) * kBlockN > kv_len) zero_v_tail(ss.kv[0], kv_len - kb * kBlockN, 0);
-        pv_rs(o, s, sKV[0]);
+        pv_rs(o, pk, sKV[0]);
         tl_mark(kTlPv1Issued, pairs);
         // V_L(b) has no reader after this PV: refill it with block b+2 now, not after WG1's
         // softmax (the wait below would wait for this PV anyway).
@@ -445,8 +451,8 @@ __device__ void attention_seesaw(const MlaParams& p) {
         hand_wait(hand0 + 8 * kHandScale1, hpar);
         tl_mark(kTlScaleGot, pairs);
         const float sc1_a = ss.scale1[rw.r_a], sc1_b = ss.scale1[rw.r_b];
-        scale_p(s, sc1_a, sc1_b);
-        store_p(ss.kv[0] + 8 * kBoxBytes, s, rw);
+        scale_p(pk, sc1_a, sc1_b);
+        store_p(ss.kv[0] + 8 * kBoxBytes, pk, rw);
         fence_proxy_async_smem();
         mbar_arrive(hand0 + 8 * kHandP0);
         tl_mark(kTlPStored, pairs);
@@ -486,6 +492,7 @@ __device__ void attention_seesaw(const MlaParams& p) {
         fence_regs(s);
         tl_mark(kTlQkDone, pairs);
       } else {
+        uint32_t pk[16];  // P1, packed once for sP1 and this warpgroup's PV
         // ---- block kb+1: its max first (WG0 needs only that), then P1 and O_R += P1 V_R ----
         hand_wait(hand0 + 8 * kHandScale0, hpar);
         tl_mark(kTlScaleGot, pairs);
@@ -507,7 +514,8 @@ __device__ void attention_seesaw(const MlaParams& p) {
           exp_rows(s, ps, m1_a, m1_b, sum_a, sum_b);
           l_a = l_a * sc0_a * sc1_a + sum_a;
           l_b = l_b * sc0_b * sc1_b + sum_b;
-          store_p(ss.p1, s, rw);
+          pack_p(s, pk);
+          store_p(ss.p1, pk, rw);
           fence_proxy_async_smem();
         } else {
           l_a *= sc0_a;
@@ -520,7 +528,7 @@ __device__ void attention_seesaw(const MlaParams& p) {
         // ---- O_R += P1 V_R(b+1) (needs nothing from WG0), then O_R += P0' V_R(b) ------------
         if (has1) {
           if ((kb + 2) * kBlockN > kv_len) zero_v_tail(ss.kv[1], kv_len - (kb + 1) * kBlockN, 1);
-          pv_rs(o, s, sKV[1] + 4 * kBoxBytes);
+          pv_rs(o, pk, sKV[1] + 4 * kBoxBytes);
           tl_mark(kTlPv1Issued, pairs);
         }
         hand_wait(hand0 + 8 * kHandP0, hpar);
