@@ -5,7 +5,7 @@
 // and the drain-and-launch gap between two kernels on the GPU.
 //
 // One warp per item, an output row (or 128 columns of one): it weighs the row's n normalized
-// bf16 partials (partial_row) in fp32 and writes bf16. A warp's items are contiguous, so consecutive items mostly
+// fp32 partials and writes bf16. A warp's items are contiguous, so consecutive items mostly
 // share a row (whose weights it works out once) and a unit (whose list of partial slots it
 // collects once).
 #pragma once
@@ -23,7 +23,7 @@ namespace jit_mla {
 constexpr int kCombineWarps = kNumThreads / 32;           // 8
 constexpr int kCombineCols = 32 * 4;                      // 128 columns: a float4 per lane
 constexpr int kCombineChunks = kHeadDimV / kCombineCols;  // 4 per row
-constexpr int kCombineLoadsInFlight = 16;                 // 4 bf16 (8 bytes) per lane per step
+constexpr int kCombineLoadsInFlight = 16;                 // float4 per lane per step
 
 // Per warp: the current unit's partial slots and the current row's per-split LSE, then weight.
 // Lives in the attention kernel's dynamic shared memory (its Q tile), free once attention is done.
@@ -106,14 +106,16 @@ __device__ __forceinline__ float row_weights(const MlaParams& p, const int* slot
 template <int kChunks>
 __device__ __forceinline__ void load_partials(const MlaParams& p, const int* slots, int n, int j,
                                               int r, int col0,
-                                              uint2 (&v)[kCombineLoadsInFlight / kChunks][kChunks]) {
+                                              float4 (&v)[kCombineLoadsInFlight / kChunks][kChunks]) {
   const int lane = threadIdx.x & 31;
 #pragma unroll
   for (int k = 0; k < kCombineLoadsInFlight / kChunks; ++k) {
-    const __nv_bfloat16* src = partial_row(p, slots[min(j + k, n - 1)], r) + col0 + 4 * lane;
+    const float* src =
+        p.partial_o + ((long long)slots[min(j + k, n - 1)] * kBlockM + r) * kHeadDimV + col0 + 4 * lane;
 #pragma unroll
     for (int c = 0; c < kChunks; ++c)
-      v[k][c] = j + k < n ? __ldcg(reinterpret_cast<const uint2*>(src + kCombineCols * c)) : make_uint2(0, 0);
+      v[k][c] = j + k < n ? __ldcg(reinterpret_cast<const float4*>(src + kCombineCols * c))
+                          : make_float4(0.f, 0.f, 0.f, 0.f);
   }
 }
 
@@ -130,7 +132,7 @@ __device__ __forceinline__ void combine_cols(const MlaParams& p, const Unit& uni
   float4 acc[kChunks];
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) acc[c] = make_float4(0.f, 0.f, 0.f, 0.f);
-  uint2 v[kSplits][kChunks];  // 4 bf16 each
+  float4 v[kSplits][kChunks];
   load_partials<kChunks>(p, slots, n, 0, r, col0, v);
   if (new_row) *lse_io = row_weights(p, slots, weight, n, r);
   const float lse = *lse_io;
@@ -142,10 +144,8 @@ __device__ __forceinline__ void combine_cols(const MlaParams& p, const Unit& uni
       const float w = j + k < n ? weight[j + k] : 0.f;
 #pragma unroll
       for (int c = 0; c < kChunks; ++c) {
-        acc[c].x = fmaf(w, __uint_as_float(v[k][c].x << 16), acc[c].x);
-        acc[c].y = fmaf(w, __uint_as_float(v[k][c].x & 0xffff0000u), acc[c].y);
-        acc[c].z = fmaf(w, __uint_as_float(v[k][c].y << 16), acc[c].z);
-        acc[c].w = fmaf(w, __uint_as_float(v[k][c].y & 0xffff0000u), acc[c].w);
+        acc[c].x += w * v[k][c].x; acc[c].y += w * v[k][c].y;
+        acc[c].z += w * v[k][c].z; acc[c].w += w * v[k][c].w;
       }
     }
   }

@@ -108,12 +108,15 @@ __device__ __forceinline__ void store_unit_result(const MlaParams& p, const Unit
   const bool ok_a = r_a < u.rows, ok_b = r_b < u.rows;
 
   if (w.split) {
-    __nv_bfloat16* po_a = partial_row(p, slot, r_a) + col0;
-    __nv_bfloat16* po_b = partial_row(p, slot, r_b) + col0;
+    float* po = p.partial_o + (long long)slot * kBlockM * kHeadDimV;
 #pragma unroll
     for (int t = 0; t < kOCols / 8; ++t) {
-      if (ok_a) *reinterpret_cast<uint32_t*>(po_a + 8 * t) = pack_bf16x2(o[4 * t + 0] * f_a, o[4 * t + 1] * f_a);
-      if (ok_b) *reinterpret_cast<uint32_t*>(po_b + 8 * t) = pack_bf16x2(o[4 * t + 2] * f_b, o[4 * t + 3] * f_b);
+      if (ok_a)
+        *reinterpret_cast<float2*>(po + r_a * kHeadDimV + col0 + 8 * t) =
+            make_float2(o[4 * t + 0] * f_a, o[4 * t + 1] * f_a);
+      if (ok_b)
+        *reinterpret_cast<float2*>(po + r_b * kHeadDimV + col0 + 8 * t) =
+            make_float2(o[4 * t + 2] * f_b, o[4 * t + 3] * f_b);
     }
     if (wg == 0 && q4 == 0) {
       if (ok_a) p.partial_lse[slot * kBlockM + r_a] = lse_a;
