@@ -65,7 +65,8 @@ def get_workspace_size(
 
     ``total_q`` (ragged calls) defaults to ``batch_size * q_len``; ``sm_count`` to the SM count of
     ``device`` (default: the current CUDA device). The size covers the on-device split plan and
-    the split-KV partials (fp32, 64 x 512 per split); it does not depend on sequence lengths.
+    the split-KV partials (a 64 x 512 fp32 slot per split: the partial is stored in bf16, the fp8
+    kernels' long chains are promoted in fp32); it does not depend on sequence lengths.
     """
     if total_q is None:
         total_q = batch_size * q_len

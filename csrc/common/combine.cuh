@@ -5,7 +5,7 @@
 // and the drain-and-launch gap between two kernels on the GPU.
 //
 // One warp per item, an output row (or 128 columns of one): it weighs the row's n normalized
-// fp32 partials and writes bf16. A warp's items are contiguous, so consecutive items mostly
+// bf16 partials (partial_row) in fp32 and writes bf16. A warp's items are contiguous, so consecutive items mostly
 // share a row (whose weights it works out once) and a unit (whose list of partial slots it
 // collects once).
 #pragma once
@@ -21,9 +21,9 @@
 namespace jit_mla {
 
 constexpr int kCombineWarps = kNumThreads / 32;           // 8
-constexpr int kCombineCols = 32 * 4;                      // 128 columns: a float4 per lane
-constexpr int kCombineChunks = kHeadDimV / kCombineCols;  // 4 per row
-constexpr int kCombineLoadsInFlight = 16;                 // float4 per lane per step
+constexpr int kCombineCols = 32 * 8;                      // 256 columns: 8 bf16 (16 bytes) per lane
+constexpr int kCombineChunks = kHeadDimV / kCombineCols;  // 2 per row
+constexpr int kCombineLoadsInFlight = 16;                 // 16-byte loads per lane per step
 
 // Per warp: the current unit's partial slots and the current row's per-split LSE, then weight.
 // Lives in the attention kernel's dynamic shared memory (its Q tile), free once attention is done.
@@ -101,25 +101,33 @@ __device__ __forceinline__ float row_weights(const MlaParams& p, const int* slot
   return lse;
 }
 
-// Row r's kChunks 128-column chunks from column col0 on, of splits j .. j + 16 / kChunks - 1
-// (missing splits read nothing: 0).
+// Row r's kChunks 256-column chunks from column col0 on, of splits j .. j + 16 / kChunks - 1
+// (missing splits read nothing: 0), 8 bf16 per lane and chunk.
 template <int kChunks>
 __device__ __forceinline__ void load_partials(const MlaParams& p, const int* slots, int n, int j,
                                               int r, int col0,
-                                              float4 (&v)[kCombineLoadsInFlight / kChunks][kChunks]) {
+                                              uint4 (&v)[kCombineLoadsInFlight / kChunks][kChunks]) {
   const int lane = threadIdx.x & 31;
 #pragma unroll
   for (int k = 0; k < kCombineLoadsInFlight / kChunks; ++k) {
-    const float* src =
-        p.partial_o + ((long long)slots[min(j + k, n - 1)] * kBlockM + r) * kHeadDimV + col0 + 4 * lane;
+    const __nv_bfloat16* src = partial_row(p, slots[min(j + k, n - 1)], r) + col0 + 8 * lane;
 #pragma unroll
     for (int c = 0; c < kChunks; ++c)
-      v[k][c] = j + k < n ? __ldcg(reinterpret_cast<const float4*>(src + kCombineCols * c))
-                          : make_float4(0.f, 0.f, 0.f, 0.f);
+      v[k][c] = j + k < n ? __ldcg(reinterpret_cast<const uint4*>(src + kCombineCols * c)) : make_uint4(0, 0, 0, 0);
   }
 }
 
-// kChunks 128-column chunks of row r from column col0 on: sum_j weight_j O_j, finalized. Each
+// acc[0..7] += w * the 8 bf16 of x.
+__device__ __forceinline__ void fma_bf16x8(float (&acc)[8], float w, const uint4& x) {
+  const uint32_t u[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    acc[2 * i] = fmaf(w, __uint_as_float(u[i] << 16), acc[2 * i]);
+    acc[2 * i + 1] = fmaf(w, __uint_as_float(u[i] & 0xffff0000u), acc[2 * i + 1]);
+  }
+}
+
+// kChunks 256-column chunks of row r from column col0 on: sum_j weight_j O_j, finalized. Each
 // step loads kCombineLoadsInFlight / kChunks splits' chunks at once: the loop is bound by the
 // latency of these loads, so a whole row (few splits) and a lone chunk (many splits) both keep
 // 16 in flight per lane. new_row: the row's weights (and *lse_io) are not worked out yet; that
@@ -129,10 +137,12 @@ __device__ __forceinline__ void combine_cols(const MlaParams& p, const Unit& uni
                                              float* weight, int n, int r, int col0, bool new_row,
                                              float* lse_io, float bmm2) {
   constexpr int kSplits = kCombineLoadsInFlight / kChunks;
-  float4 acc[kChunks];
+  float acc[kChunks][8];
 #pragma unroll
-  for (int c = 0; c < kChunks; ++c) acc[c] = make_float4(0.f, 0.f, 0.f, 0.f);
-  float4 v[kSplits][kChunks];
+  for (int c = 0; c < kChunks; ++c)
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc[c][i] = 0.f;
+  uint4 v[kSplits][kChunks];  // 8 bf16 each
   load_partials<kChunks>(p, slots, n, 0, r, col0, v);
   if (new_row) *lse_io = row_weights(p, slots, weight, n, r);
   const float lse = *lse_io;
@@ -143,21 +153,20 @@ __device__ __forceinline__ void combine_cols(const MlaParams& p, const Unit& uni
     for (int k = 0; k < kSplits; ++k) {
       const float w = j + k < n ? weight[j + k] : 0.f;
 #pragma unroll
-      for (int c = 0; c < kChunks; ++c) {
-        acc[c].x += w * v[k][c].x; acc[c].y += w * v[k][c].y;
-        acc[c].z += w * v[k][c].z; acc[c].w += w * v[k][c].w;
-      }
+      for (int c = 0; c < kChunks; ++c) fma_bf16x8(acc[c], w, v[k][c]);
     }
   }
   const int head = (unit.row0 + r) % p.num_heads;
   const RowFinal fin = finalize_row(lse, p.sinks, head, bmm2);
   const long long row = unit.q_row_base + r;
-  __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out) + row * kHeadDimV + col0 + 4 * lane;
+  __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out) + row * kHeadDimV + col0 + 8 * lane;
 #pragma unroll
-  for (int c = 0; c < kChunks; ++c)
-    *reinterpret_cast<uint2*>(out + kCombineCols * c) =
-        make_uint2(pack_bf16x2(acc[c].x * fin.scale, acc[c].y * fin.scale),
-                   pack_bf16x2(acc[c].z * fin.scale, acc[c].w * fin.scale));
+  for (int c = 0; c < kChunks; ++c) {
+    const float* a = acc[c];
+    *reinterpret_cast<uint4*>(out + kCombineCols * c) =
+        make_uint4(pack_bf16x2(a[0] * fin.scale, a[1] * fin.scale), pack_bf16x2(a[2] * fin.scale, a[3] * fin.scale),
+                   pack_bf16x2(a[4] * fin.scale, a[5] * fin.scale), pack_bf16x2(a[6] * fin.scale, a[7] * fin.scale));
+  }
   if (p.lse != nullptr && lane == 0 && col0 == 0) p.lse[row] = fin.lse;
 }
 

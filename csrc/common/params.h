@@ -55,7 +55,9 @@ struct MlaParams {
   WorkPos* bounds;            // [num_ctas/m_group + 1]: CTA set s works on [bounds[s], bounds[s+1])
   int* split_groups;          // [1 + 2 num_ctas]: count, then (group, its first set) of each split group
   float* partial_lse;         // [kSlotsPerCta * num_ctas, 64]: a unit's rows (<= 64) at the start
-  float* partial_o;           // [kSlotsPerCta * num_ctas, 64, 512] normalized fp32
+  float* partial_o;           // [kSlotsPerCta * num_ctas, 64, 512] fp32 slots: a split unit's
+                              // normalized partial as bf16 rows in the slot's first half
+                              // (partial_row), the fp8 kernels' O^T promotion in fp32
   int max_groups;             // upper bound of the group count (sizes cost_prefix)
   int num_ctas;               // grid of the attention kernel (cooperative), a multiple of m_group
   int m_group;                // CTAs per set: units of a group run side by side (1, 2 or 4)

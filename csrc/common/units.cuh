@@ -97,4 +97,12 @@ __device__ __forceinline__ int partial_slot(const MlaParams& p, int s, int g, in
   return (kSlotsPerCta * s + which) * p.m_group + lane;
 }
 
+// Row r of a split unit's normalized partial O in its slot: 512 bf16 (the slot is sized for the
+// fp8 kernels' fp32 promotion; the partial takes its first half). bf16, not fp32: the partials
+// are written by every split CTA and read back by the merge, twice the bytes in fp32 for an
+// error of one bf16 rounding of a normalized row, as the output's own.
+__device__ __forceinline__ __nv_bfloat16* partial_row(const MlaParams& p, int slot, int r) {
+  return reinterpret_cast<__nv_bfloat16*>(p.partial_o + (long long)slot * kBlockM * kHeadDimV) + r * kHeadDimV;
+}
+
 }  // namespace jit_mla

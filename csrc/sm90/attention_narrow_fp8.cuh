@@ -762,7 +762,8 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
       }
     }
     // The promoted chains back in (warpgroup w's slot rows 32 w + c; the merge below reads and
-    // writes only shared memory, and the split partial's rows are written after its barrier).
+    // writes only shared memory, and the split partial's bf16 rows, over the slot's fp32 ones,
+    // are written after its CTA barrier).
     {
       const int mine = kb1 - kb0 > wg ? (kb1 - kb0 - wg + 1) / 2 : 0;  // this warpgroup's blocks
       if (mine > kPromoteBlocks) {

@@ -413,11 +413,13 @@ __device__ void attention_wide_fp8(const MlaParams& p) {
       ss.fin[c] = f;
     }
     __syncthreads();
-    // The promoted chains back in (each thread reads only what it wrote: no barrier needed).
+    // The promoted chains back in (each thread reads only what it wrote). A split partial goes
+    // into the same slot as bf16 rows (partial_row), over other threads' fp32: all read first.
     if (kb1 - kb0 > kPromoteBlocks) {  // promoted at least once (CTA-uniform): the last was n
       const int n = (kb1 - kb0 - 1) / kPromoteBlocks - 1;
       const float2 mp = *reinterpret_cast<const float2*>(&ss.m_prom[n & 1][8 * r8 + 2 * q4]);
       promote_o_wide<false>(acc, unit_slot_o(p, cr, grp), true, {mp.x, mp.y}, m_run);
+      if (w.split) __syncthreads();
     }
     // acc[i][4 t + e]: row c = 8 t + 2 q4 + (e & 1), V column v0 + (e >> 1): one pair per row.
     const int v0 = wg * kOCols + 16 * 4 * warp + 2 * r8;
@@ -429,10 +431,10 @@ __device__ void attention_wide_fp8(const MlaParams& p) {
         if (c >= unit.rows) continue;
         const float f = ss.fin[c];
         if (w.split) {
-          float* po = p.partial_o + ((long long)slot * kBlockM + c) * kHeadDimV + v0;
+          __nv_bfloat16* po = partial_row(p, slot, c) + v0;
 #pragma unroll
           for (int i = 0; i < 4; ++i)
-            *reinterpret_cast<float2*>(po + 16 * i) = make_float2(acc[i][4 * t + e] * f, acc[i][4 * t + 2 + e] * f);
+            *reinterpret_cast<uint32_t*>(po + 16 * i) = pack_bf16x2(acc[i][4 * t + e] * f, acc[i][4 * t + 2 + e] * f);
         } else {
           __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out) + (unit.q_row_base + c) * kHeadDimV + v0;
 #pragma unroll

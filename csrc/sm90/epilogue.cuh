@@ -108,15 +108,23 @@ __device__ __forceinline__ void store_unit_result(const MlaParams& p, const Unit
   const bool ok_a = r_a < u.rows, ok_b = r_b < u.rows;
 
   if (w.split) {
-    float* po = p.partial_o + (long long)slot * kBlockM * kHeadDimV;
+    // bf16 pairs (partial_row). Lanes q4 and q4 ^ 1 swap one pair so that each writes 4 columns
+    // (8 bytes) of column octet t (even q4) or t + 1 (odd q4): a warp's store then fills whole
+    // 32-byte sectors (8 rows x octets t, t + 1), not halves (as 4-byte stores would).
+    const bool odd = q4 & 1;
+    const int c_even = wg * kOCols + 2 * (q4 & 2);  // the column this lane writes, less 8 t (+ 8 if odd)
+    __nv_bfloat16* po_a = partial_row(p, slot, r_a) + c_even + (odd ? 8 : 0);
+    __nv_bfloat16* po_b = partial_row(p, slot, r_b) + c_even + (odd ? 8 : 0);
 #pragma unroll
-    for (int t = 0; t < kOCols / 8; ++t) {
-      if (ok_a)
-        *reinterpret_cast<float2*>(po + r_a * kHeadDimV + col0 + 8 * t) =
-            make_float2(o[4 * t + 0] * f_a, o[4 * t + 1] * f_a);
-      if (ok_b)
-        *reinterpret_cast<float2*>(po + r_b * kHeadDimV + col0 + 8 * t) =
-            make_float2(o[4 * t + 2] * f_b, o[4 * t + 3] * f_b);
+    for (int t = 0; t < kOCols / 8; t += 2) {
+      const uint32_t a0 = pack_bf16x2(o[4 * t + 0] * f_a, o[4 * t + 1] * f_a);
+      const uint32_t a1 = pack_bf16x2(o[4 * t + 4] * f_a, o[4 * t + 5] * f_a);
+      const uint32_t b0 = pack_bf16x2(o[4 * t + 2] * f_b, o[4 * t + 3] * f_b);
+      const uint32_t b1 = pack_bf16x2(o[4 * t + 6] * f_b, o[4 * t + 7] * f_b);
+      const uint32_t ra = __shfl_xor_sync(0xffffffffu, odd ? a0 : a1, 1);
+      const uint32_t rb = __shfl_xor_sync(0xffffffffu, odd ? b0 : b1, 1);
+      if (ok_a) *reinterpret_cast<uint2*>(po_a + 8 * t) = odd ? make_uint2(ra, a1) : make_uint2(a0, ra);
+      if (ok_b) *reinterpret_cast<uint2*>(po_b + 8 * t) = odd ? make_uint2(rb, b1) : make_uint2(b0, rb);
     }
     if (wg == 0 && q4 == 0) {
       if (ok_a) p.partial_lse[slot * kBlockM + r_a] = lse_a;
