@@ -589,11 +589,12 @@ void run_attention(TensorView out, Optional<TensorView> lse, TensorView query, T
   const bool wide_fp8 = q_fp8 && use_tma && rows_hint > 32;
   const bool narrow = !wide_fp8 && (kv_fp8 || (use_tma && rows_hint >= 1 && rows_hint <= 32));
   const int unit_rows_log2 = !narrow ? 6 : rows_hint >= 1 && rows_hint <= 16 ? 4 : 5;  // 64, 16, 32 rows
-  // The kernels load kv_cache and query rows in 16-byte pieces and store out in 8-byte ones: a
-  // view that starts off those boundaries would fault (misaligned address, a sticky error).
+  // The kernels load kv_cache and query rows in 16-byte pieces and the split merge stores out in
+  // 16-byte ones (8 bf16 per lane): a view that starts off those boundaries would fault
+  // (misaligned address, a sticky error).
   check_aligned(key_cache, 16, "kv_cache");
   check_aligned(query, 16, "query");
-  check_aligned(out, 8, "out");
+  check_aligned(out, 16, "out");
 
   // workspace: bytes of scratch; the plan and the split partials live there.
   const int64_t ws_bytes = buffer_bytes(workspace_buffer);

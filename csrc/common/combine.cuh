@@ -4,7 +4,7 @@
 // the rows of every split unit. One launch per call instead of two saves ~2.5 us of host time
 // and the drain-and-launch gap between two kernels on the GPU.
 //
-// One warp per item, an output row (or 128 columns of one): it weighs the row's n normalized
+// One warp per item, an output row (or 256 columns of one): it weighs the row's n normalized
 // bf16 partials (partial_row) in fp32 and writes bf16. A warp's items are contiguous, so consecutive items mostly
 // share a row (whose weights it works out once) and a unit (whose list of partial slots it
 // collects once).
@@ -185,7 +185,7 @@ __device__ __forceinline__ void combine_splits(const MlaParams& p) {
   float* weight = cs.weight[warp];
   const float bmm2 = load_scale(p.bmm2_scale_ptr, p.bmm2_scale);
 
-  // Items: whole rows, or 128-column chunks of rows when even the chunks are not more than the
+  // Items: whole rows, or 256-column chunks of rows when even the chunks are not more than the
   // warps (a short request split many ways: few rows, many splits each). A unit's rows are
   // counted as q_len * H when a uniform query length makes that fewer than a unit holds (H = 16
   // decode: 16 rows), so that the warps share only rows that exist. A warp's items are
