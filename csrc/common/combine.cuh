@@ -5,9 +5,9 @@
 // and the drain-and-launch gap between two kernels on the GPU.
 //
 // One warp per item, an output row (or 256 columns of one): it weighs the row's n normalized
-// bf16 partials (partial_row) in fp32 and writes bf16. A warp's items are contiguous, so consecutive items mostly
-// share a row (whose weights it works out once) and a unit (whose list of partial slots it
-// collects once).
+// bf16 partials (partial_row) in fp32 and writes bf16. A warp's items are contiguous, so
+// consecutive items mostly share a row (whose weights it works out once) and a unit (whose list
+// of partial slots it collects once).
 #pragma once
 #include <cooperative_groups.h>
 

@@ -107,9 +107,9 @@ __device__ void attention_narrow(const MlaParams& p) {
   if (cr.group0 == cr.group_end) return;
 
   const auto [scale_log2, bmm2] = call_scales(p);
-  // S^T stays unscaled (the column maxima and P's FFMA apply ps) unless the scale is zero,
-  // negative or NaN (then scaled first, ps = 1; the seesaw kernel's block_max says why).
-  const float ps = scale_log2 > 0.f ? scale_log2 : 1.f;
+  // S^T stays unscaled (the column maxima and P's FFMA apply ps) unless ps is 1 for a zero,
+  // negative or NaN scale (then scaled first: p_exp_scale).
+  const float ps = p_exp_scale(scale_log2);
   uint32_t loads = 0;  // blocks loaded into this warpgroup's stage so far: the mbarrier phase count
 
   for (int grp = cr.group0; grp < cr.group_end; ++grp) {

@@ -538,8 +538,8 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
       return qe == kQexpNonFinite ? __int_as_float(0x7fffffff) : sc * exp2_int(qe);
     };
     // S^T stays unscaled (the column maxima and P's FFMA apply ps = the row's scale) unless the
-    // call's scale is zero, negative or NaN (rare: then S^T is scaled first and ps is 1; the
-    // seesaw kernel's block_max says why).
+    // call's scale is zero, negative or NaN (then S^T is scaled first and ps is 1: p_exp_scale
+    // says why; per row here, as the row's scale carries Q's exponent shift).
     const bool raw = scale_log2 > 0.f;
     // This thread's columns (Q rows) c = 8t + 2 q4 + e: KV limits, P's scales, running max, sums.
     int lim[kT][2];

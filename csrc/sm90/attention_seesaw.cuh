@@ -213,9 +213,8 @@ __device__ __forceinline__ void tree_reduce8(float (&ra)[8], float (&rb)[8], Op 
 }
 
 // The rows' maxima of S in the log2 domain (over the quad), masking tokens at or past each row's
-// limit to -inf. S stays unscaled when scale_log2 > 0 (the max of the scaled values is the scaled
-// max, and exp_rows applies the scale in its FFMA: 32 FMULs per block fewer); else (a zero,
-// negative or NaN scale: rare) it is scaled here and `ps` is 1. Either way P = 2^(s ps - m).
+// limit to -inf. S stays unscaled unless ps (p_exp_scale) is not the call's scale, then it is
+// scaled here; exp_rows applies ps in its FFMA (32 FMULs per block fewer than scaling S).
 // Only blocks that reach a limit pay for the mask: a thread's two rows need none when the whole
 // block [blk0, blk0 + 64) lies below both limits.
 __device__ __forceinline__ void block_max(float (&s)[32], int blk0, int q4, int lim_a, int lim_b,
@@ -366,7 +365,7 @@ __device__ void attention_seesaw(const MlaParams& p) {
   if (cr.group0 == cr.group_end) return;
 
   const auto [scale_log2, bmm2] = call_scales(p);
-  const float ps = scale_log2 > 0.f ? scale_log2 : 1.f;  // block_max: the scale P's FFMA applies
+  const float ps = p_exp_scale(scale_log2);
   uint32_t loads[2] = {0, 0};  // blocks loaded into each stage so far: the mbarrier phase count
   uint32_t pairs = 0;          // block pairs done so far: the hand-offs' phase count
 

@@ -159,7 +159,7 @@ __device__ void attention_wide_fp8(const MlaParams& p) {
   if (cr.group0 == cr.group_end) return;
 
   const auto [scale_log2, bmm2] = call_scales(p);
-  const float ps = scale_log2 > 0.f ? scale_log2 : 1.f;  // the scale P's FFMA applies to S^T
+  const float ps = p_exp_scale(scale_log2);
   // Blocks warpgroup w consumed so far (each warpgroup counts both: PV reads the partner's
   // stage): w's j-th block is in stage 2 w + loads_w % 2, its TMA phase (loads_w / 2) % 2.
   uint32_t loads0 = 0, loads1 = 0;
@@ -236,8 +236,8 @@ __device__ void attention_wide_fp8(const MlaParams& p) {
         tl_mark(kTlNBlockStart, mine);
 
         // ---- mask, column maxima over the block's tokens in the log2 domain ----------------------
-        // S^T stays unscaled (ps = scale_log2 > 0; P's FFMA applies it) unless the scale is zero,
-        // negative or NaN (then scaled here, ps = 1): block_max of the seesaw kernel says why.
+        // S^T stays unscaled (P's FFMA applies ps) unless ps is 1 for a zero, negative or NaN
+        // scale (then scaled here: p_exp_scale).
         float cm[16];
         if (has) {
           const int tok_a = kb * kBlockN + r_a, tok_b = kb * kBlockN + r_b;

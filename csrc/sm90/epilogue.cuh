@@ -44,6 +44,12 @@ __device__ __forceinline__ CallScales call_scales(const MlaParams& p) {
   return CallScales{load_scale(p.bmm1_scale_ptr, p.bmm1_scale) * kLog2e, load_scale(p.bmm2_scale_ptr, p.bmm2_scale)};
 }
 
+// The scale P's exponent applies to unscaled scores, P = 2^(s ps - m): the call's log2 scale
+// when it is > 0 (only then is the max of the raw scores times it the max of the scaled ones);
+// else 1, and the kernel scales S first (a zero, negative or NaN scale: rare, and a device
+// tensor's value is never checked on the host).
+__device__ __forceinline__ float p_exp_scale(float scale_log2) { return scale_log2 > 0.f ? scale_log2 : 1.f; }
+
 // How every attention CTA starts: nothing the previous kernel in the stream writes (inputs, or
 // the previous call still reading the workspace) may be touched before the PDL wait; then the
 // next kernel may launch (it waits for our completion before it reads anything), this CTA plans
