@@ -81,6 +81,20 @@ __device__ __forceinline__ int block_pages(const MlaParams& p, const int* bt_row
   return lane < 8 ? chunk_page(p, bt_row, block, lane, kv_len) : p.num_pages;
 }
 
+// Row c's running max after a block, from its four warps' column maxima (colmax[w][c], this
+// warpgroup's); sc = 2^(old - new) rescales O and the sums, grew marks any row that moved.
+// Shared by the bf16 and fp8 narrow kernels.
+template <int kN>
+__device__ __forceinline__ float next_running_max(const float (&colmax)[4][kN], int c, float& m_run, float& sc,
+                                                  bool& grew) {
+  const float bm = fmaxf(fmaxf(colmax[0][c], colmax[1][c]), fmaxf(colmax[2][c], colmax[3][c]));
+  const float mn = fmaxf(m_run, bm);
+  sc = exp2_approx(m_run - mn);
+  grew |= sc != 1.f;
+  m_run = mn;
+  return mn;
+}
+
 template <int kN>
 __device__ void attention_narrow(const MlaParams& p) {
   constexpr int kT = kN / 8;       // column octets per thread: columns 8t + 2 q4 + {0, 1}
@@ -206,12 +220,7 @@ __device__ void attention_narrow(const MlaParams& p) {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int c = 8 * t + 2 * q4 + e;
-          const float bm = fmaxf(fmaxf(ss.colmax[wg][0][c], ss.colmax[wg][1][c]),
-                                 fmaxf(ss.colmax[wg][2][c], ss.colmax[wg][3][c]));
-          const float mn = fmaxf(m_run[t][e], bm);
-          sc[t][e] = exp2_approx(m_run[t][e] - mn);
-          grew |= sc[t][e] != 1.f;
-          m_run[t][e] = mn;
+          const float mn = next_running_max(ss.colmax[wg], c, m_run[t][e], sc[t][e], grew);
           const float pa = exp2_approx(fmaf(st[4 * t + e], ps, -mn)), pb = exp2_approx(fmaf(st[4 * t + 2 + e], ps, -mn));
           l_run[t][e] = l_run[t][e] * sc[t][e] + pa + pb;
           // P row c, tokens r_a and r_b: 16-byte chunk token / 8 of the swizzled 128-byte row.

@@ -668,12 +668,7 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             const int c = 8 * t + 2 * q4 + e;
-            const float bm = fmaxf(fmaxf(ss.colmax[wg][0][c], ss.colmax[wg][1][c]),
-                                   fmaxf(ss.colmax[wg][2][c], ss.colmax[wg][3][c]));
-            const float mn = fmaxf(m_run[t][e], bm);
-            sc[t][e] = exp2_approx(m_run[t][e] - mn);
-            grew |= sc[t][e] != 1.f;
-            m_run[t][e] = mn;
+            const float mn = next_running_max(ss.colmax[wg], c, m_run[t][e], sc[t][e], grew);
             // P scaled by 2^kPShift (<= 256, within e4m3); l_run and O carry the same factor, the
             // row max handed to the store drops it.
             const float nb = kPShift - mn;
