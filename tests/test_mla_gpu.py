@@ -300,6 +300,23 @@ def test_non_positive_bmm1_scale(q_len, H, page, dtype, q8, scale):
                f"tensor={tensor_scales}", p_dtype=p_dtype)
 
 
+# A non-finite query row that sees no key (MTP: q_len 2 on a 1-token request, its first token):
+# zero and -inf LSE as any row without keys, not NaN. The bf16-query fp8 kernels keep a per-row
+# score scale (NaN for such a row); its masked scores must still give P = 0.
+@pytest.mark.parametrize("value", [float("inf"), float("nan")], ids=["inf", "nan"])
+def test_fp8_non_finite_query_row_without_keys_is_zero(value):
+    case = make_case(3, 2, 16, 64, [1, 500, 64], dtype=torch.float8_e4m3fn, device=DEV, seed=43)
+    case.query[0, 0, 5, 100] = value
+    out, lse = _run(case)
+    assert bool((out[0, 0, 5] == 0).all()), "the row without keys is not zero"
+    assert float(lse[0, 0, 5]) == float("-inf"), f"its lse is {float(lse[0, 0, 5])}, not -inf"
+    ref, _ = case.reference()
+    ref_lowp, _ = case.reference(low_precision=True)
+    keep = torch.ones(out.shape[:-1], dtype=torch.bool, device=DEV)
+    keep[0, 0, 5] = False
+    assert_close_fa3(out[keep].float(), ref[keep], ref_lowp[keep], name="the other rows")
+
+
 # max_q_len only picks the kernel: a hint below the longest request (16-row units for requests
 # of up to 64 rows) still gives every row, for bf16 (narrow16) and fp8.
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn], ids=["bf16", "fp8"])

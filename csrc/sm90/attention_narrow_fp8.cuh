@@ -537,20 +537,26 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
       const int qe = ss.qexp[wg][c];
       return qe == kQexpNonFinite ? __int_as_float(0x7fffffff) : sc * exp2_int(qe);
     };
-    // S^T stays unscaled (the column maxima and P's FFMA apply ps = the row's scale) unless the
-    // call's scale is zero, negative or NaN (then S^T is scaled first and ps is 1: p_exp_scale
-    // says why; per row here, as the row's scale carries Q's exponent shift).
-    const bool raw = scale_log2 > 0.f;
+    // S^T stays unscaled (the column maxima and P's FFMA apply ps = the row's scale) where that
+    // scale is in (0, inf). Elsewhere (the call's scale zero, negative or NaN; a query row that is
+    // not finite, NaN scale; an all-zero row whose scale underflows to 0) that row's S^T is
+    // scaled first and its ps is 1 (p_exp_scale says why), so that its masked tokens stay -inf
+    // and P 0: fma(-inf, NaN, b) would be NaN, and a row that sees no key must write 0.
+    // Bit 2 t + e of `pre`: row c is scaled first.
     // This thread's columns (Q rows) c = 8t + 2 q4 + e: KV limits, P's scales, running max, sums.
     int lim[kT][2];
     float ps[kT][2], m_run[kT][2], l_run[kT][2];
+    uint32_t pre = 0;
 #pragma unroll
     for (int t = 0; t < kT; ++t)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int c = 8 * t + 2 * q4 + e;
         lim[t][e] = unit_row_limit(p, unit, c);
-        ps[t][e] = raw ? row_scale(c) : 1.f;
+        const float f = row_scale(c);
+        const bool ok = f > 0.f && f < INFINITY;
+        ps[t][e] = ok ? f : 1.f;
+        pre |= (ok ? 0u : 1u) << (2 * t + e);
         m_run[t][e] = kMaxInit;
         l_run[t][e] = 0.f;
       }
@@ -627,15 +633,16 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
 
         // ---- mask, column maxima over the block's 64 tokens in the log2 domain ---------------
         const int tok_a = kb * kBlockN + r_a, tok_b = kb * kBlockN + r_b;
-        if (!raw) {
+        if (pre != 0) {
 #pragma unroll
           for (int t = 0; t < kT; ++t)
 #pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const float f = row_scale(8 * t + 2 * q4 + e);
-              st[4 * t + e] *= f;
-              st[4 * t + 2 + e] *= f;
-            }
+            for (int e = 0; e < 2; ++e)
+              if ((pre >> (2 * t + e)) & 1u) {
+                const float f = row_scale(8 * t + 2 * q4 + e);
+                st[4 * t + e] *= f;
+                st[4 * t + 2 + e] *= f;
+              }
         }
         float cm[kT][2];
 #pragma unroll
