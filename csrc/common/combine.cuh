@@ -63,7 +63,6 @@ __device__ __forceinline__ int collect_slots(const MlaParams& p, int grp, int fi
 // pivots per step, one per lane: one or two dependent loads for up to 1024 requests instead of
 // log2(B). The combine's unit lookups are chains of dependent loads; this is the longest link.
 __device__ __forceinline__ int find_request_warp(const MlaParams& p, int g) {
-  if (p.cum_q == nullptr) return find_request(p, g);  // arithmetic, no loads
   const int lane = threadIdx.x & 31;
   int lo = 0, hi = p.batch - 1;  // the answer is in [lo, hi]; group_prefix[lo] <= g holds
   while (lo < hi) {
@@ -215,7 +214,7 @@ __device__ __forceinline__ void combine_splits(const MlaParams& p) {
       const int grp = p.split_groups[1 + 2 * (u / p.m_group)], lane_m = u % p.m_group;
       const int first_set = p.split_groups[2 + 2 * (u / p.m_group)];
       const int b = find_request_warp(p, grp);
-      const int m = (grp - group_first(p, b)) * p.m_group + lane_m;
+      const int m = (grp - p.group_prefix[b]) * p.m_group + lane_m;
       // The request's last group may have no unit in this lane: nothing to merge.
       n = m < request_num_units(p, b) ? collect_slots(p, grp, first_set, lane_m, slots) : 0;
       if (n > 0) unit = make_unit(p, b, m);

@@ -50,7 +50,7 @@ struct MlaParams {
   float* lse;                 // [total_q, H] float32 base 2, or null
 
   // ---- workspace (laid out by workspace_layout in the launcher) -------------------------------
-  int* group_prefix;          // [B+1]: first group of each request (ragged calls; group_first)
+  int* group_prefix;          // [B+1]: first group of each request
   int64_t* cost_prefix;       // [max_groups+1]: cumulative cost of groups, in KV-block units
   WorkPos* bounds;            // [num_ctas/m_group + 1]: CTA set s works on [bounds[s], bounds[s+1])
   int* split_groups;          // [1 + 2 num_ctas]: count, then (group, its first set) of each split group

@@ -47,67 +47,21 @@ __device__ __forceinline__ long long block_exclusive_scan(long long v, long long
   return warp_base + x - v;
 }
 
-// The plan's shape, the same in every thread once plan_splits has run: how the total cost W is
-// cut into set ranges.
-struct PlanShape {
-  long long W;         // total cost (KV blocks plus kUnitOverheadBlocks per group)
-  long long unit_cost; // > 0: every group costs this (cost_prefix[g] = g * unit_cost), else 0
-  int num_groups;
-  int s_eff;           // sets that get work (the rest get empty ranges at the end)
-  int groups_per_set;  // > 0: whole groups per set, no cut inside a group
-};
-
-// bounds[s], the start of set s's range (s <= S; bounds[S] is the end of all work): a pure
-// function of the shape, so any thread works out any boundary without reading another's.
-// Uniform costs (plain decode, MTP) need no lookup; other calls search cost_prefix.
-__device__ __forceinline__ WorkPos plan_cut(const MlaParams& p, const PlanShape& ps, int s) {
-  if (ps.groups_per_set > 0)
-    return WorkPos{(int)min((long long)s * ps.groups_per_set, (long long)ps.num_groups), 0};
-  const long long x = s >= ps.s_eff ? ps.W : (long long)s * ps.W / ps.s_eff;
-  if (x >= ps.W) return WorkPos{ps.num_groups, 0};
-  int lo;        // the largest g with cost_prefix[g] <= x
-  long long cp;  // cost_prefix[lo]
-  if (ps.unit_cost > 0) {
-    lo = (int)min(x / ps.unit_cost, (long long)ps.num_groups - 1);
-    cp = lo * ps.unit_cost;
-  } else {
-    lo = 0;
-    int hi = ps.num_groups - 1;
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) >> 1;
-      if (p.cost_prefix[mid] <= x) lo = mid; else hi = mid - 1;
-    }
-    cp = p.cost_prefix[lo];
-  }
-  const long long k = x - cp - kUnitOverheadBlocks;
-  return WorkPos{lo, k > 0 ? (int)k : 0};
-}
-
-// This CTA's set's range [bounds[set], bounds[set + 1]).
-struct SetRange {
-  WorkPos beg, end;
-};
-
 template <int NT>
-__device__ SetRange plan_splits(const MlaParams& p) {
+__device__ void plan_splits(const MlaParams& p) {
   const int tid = threadIdx.x;
   const int B = p.batch;
   // Values one thread needs from another: scan totals come back in registers, the groups' cost
-  // range is reduced in shared memory (a global write, barrier and read is an L2 round trip),
-  // and so is this CTA's own set range.
+  // range is reduced in shared memory (a global write, barrier and read is an L2 round trip).
   __shared__ int s_cost_min, s_cost_max;
-  __shared__ WorkPos s_range[2];
   if (tid == 0) {
     s_cost_min = INT_MAX;
     s_cost_max = INT_MIN;
   }
 
-  // 1. group_prefix[b]: first group of request b, for ragged calls (group_first: a uniform q_len
-  //    needs no table). Each thread scans a contiguous chunk serially.
+  // 1. group_prefix[b]: first group of request b. Each thread scans a contiguous chunk serially.
   int num_groups;
-  if (p.cum_q == nullptr) {
-    num_groups = group_first(p, B);
-  } else {
+  {
     const int chunk = (B + NT - 1) / NT;
     const int b0 = min(B, tid * chunk), b1 = min(B, b0 + chunk);
     long long local = 0;
@@ -132,11 +86,11 @@ __device__ SetRange plan_splits(const MlaParams& p) {
     const int g0 = min(num_groups, tid * chunk), g1 = min(num_groups, g0 + chunk);
     long long local = 0;
     int cmin = INT_MAX, cmax = INT_MIN;
-    const int b_g0 = g0 < g1 ? find_request(p, g0) : 0;  // ragged: one search (a chain of global reads)
+    const int b_g0 = g0 < g1 ? find_request(p, g0) : 0;  // one search (a chain of global reads)
     int b = b_g0;
     for (int g = g0; g < g1; ++g) {
-      while (group_first(p, b + 1) <= g) ++b;
-      const int c = kUnitOverheadBlocks + group_num_blocks(p, b, g - group_first(p, b));
+      while (p.group_prefix[b + 1] <= g) ++b;
+      const int c = kUnitOverheadBlocks + group_num_blocks(p, b, g - p.group_prefix[b]);
       local += c;
       cmin = min(cmin, c);
       cmax = max(cmax, c);
@@ -148,8 +102,8 @@ __device__ SetRange plan_splits(const MlaParams& p) {
     long long run = block_exclusive_scan<NT>(local, &W);  // its barriers publish the atomics
     b = b_g0;
     for (int g = g0; g < g1; ++g) {
-      while (group_first(p, b + 1) <= g) ++b;
-      run += kUnitOverheadBlocks + group_num_blocks(p, b, g - group_first(p, b));
+      while (p.group_prefix[b + 1] <= g) ++b;
+      run += kUnitOverheadBlocks + group_num_blocks(p, b, g - p.group_prefix[b]);
       p.cost_prefix[g + 1] = run;
     }
     if (tid == 0) p.cost_prefix[0] = 0;
@@ -159,65 +113,70 @@ __device__ SetRange plan_splits(const MlaParams& p) {
   // 3. Set boundaries. Few sets for little work: each gets >= kMinBlocksPerCta blocks' worth.
   const int S = p.num_ctas / p.m_group;
   const long long per_set_min = kMinBlocksPerCta + kUnitOverheadBlocks;
-  PlanShape ps{W, 0, num_groups, (int)max(1LL, min((long long)S, (W + per_set_min - 1) / per_set_min)), 0};
+  int s_eff = (int)max(1LL, min((long long)S, (W + per_set_min - 1) / per_set_min));
+
+  // Equal groups (a uniform decode batch) that do not divide evenly over the sets would all be
+  // cut in two: split partials written, read and merged for nearly every unit. Whole groups on
+  // slightly fewer sets (>= kWholeGroupSetsPct % of them) balance exactly and split nothing.
+  int groups_per_set = 0;
   {
     // All groups cost the same <=> min == max (no groups: nothing to balance).
-    const bool uniform = num_groups > 0 && s_cost_min == s_cost_max;
-    if (uniform) ps.unit_cost = s_cost_min;
-    // Equal groups (a uniform decode batch) that do not divide evenly over the sets would all be
-    // cut in two: split partials written, read and merged for nearly every unit. Whole groups on
-    // slightly fewer sets (>= kWholeGroupSetsPct % of them) balance exactly and split nothing.
+    const bool uniform = s_cost_min == s_cost_max;
     if (uniform && num_groups > S) {
       const int k = (num_groups + S - 1) / S;
       const int sets = (num_groups + k - 1) / k;
       if (sets * 100 >= S * kWholeGroupSetsPct) {
-        ps.groups_per_set = k;
-        ps.s_eff = sets;
+        groups_per_set = k;
+        s_eff = sets;
       }
     }
   }
-
-  // 4. bounds[0..S], and the groups split by at least one cut, listed once each (at their first
-  //    cut s) for the combine, with their first set s - 1 (its range holds the group's start:
-  //    bounds[s - 1] is not inside the group, or s would not be the first cut). NT boundaries
-  //    at a time (the loop bound is uniform: every thread scans); bounds[s - 1] comes from the
-  //    thread that worked it out (a shuffle, or shared memory across warps), not from the
-  //    workspace.
-  {
-    __shared__ WorkPos s_edge[NT / 32];  // each warp's last boundary of this round
-    const int lane = tid & 31, warp = tid >> 5;
-    const int my_set = blockIdx.x / p.m_group;
-    WorkPos carry{0, 0};  // the previous round's last boundary
-    long long listed = 0;
-    for (int base = 0; base <= S; base += NT) {
-      const int s = base + tid;
-      const WorkPos cur = s <= S ? plan_cut(p, ps, s) : WorkPos{ps.num_groups, 0};
-      if (s <= S) {
-        p.bounds[s] = cur;
-        if (s == my_set) s_range[0] = cur;
-        if (s == my_set + 1) s_range[1] = cur;
+  for (int s = tid; s <= S; s += NT) {
+    WorkPos pos{num_groups, 0};
+    if (groups_per_set > 0) {
+      pos = WorkPos{(int)min((long long)s * groups_per_set, (long long)num_groups), 0};
+    } else {
+      const long long x = s >= s_eff ? W : (long long)s * W / s_eff;
+      if (x < W) {
+        int lo = 0, hi = num_groups - 1;  // largest g with cost_prefix[g] <= x
+        while (lo < hi) {
+          const int mid = (lo + hi + 1) >> 1;
+          if (p.cost_prefix[mid] <= x) lo = mid; else hi = mid - 1;
+        }
+        const long long k = x - p.cost_prefix[lo] - kUnitOverheadBlocks;
+        pos = WorkPos{lo, k > 0 ? (int)k : 0};
       }
-      if (lane == 31) s_edge[warp] = cur;
-      __syncthreads();
-      WorkPos prev;
-      prev.group = __shfl_up_sync(0xffffffffu, cur.group, 1);
-      prev.block = __shfl_up_sync(0xffffffffu, cur.block, 1);
-      if (lane == 0) prev = warp > 0 ? s_edge[warp - 1] : carry;
-      carry = s_edge[NT / 32 - 1];
-      const bool first_cut = s >= 1 && s < S && cur.block > 0 && !(prev.group == cur.group && prev.block > 0);
+    }
+    p.bounds[s] = pos;
+  }
+  __syncthreads();
+
+  // 4. Groups split by at least one cut, listed once each (at their first cut s) for the combine,
+  //    with their first set s - 1 (its range holds the group's start: bounds[s - 1] is not inside
+  //    the group, or s would not be the first cut). Boundaries 1..S-1, NT at a time (the loop
+  //    bound is uniform: every thread scans).
+  {
+    long long listed = 0;
+    for (int base = 0; base < S; base += NT) {
+      const int s = base + tid;
+      bool first_cut = false;
+      int group = 0;
+      if (s >= 1 && s < S) {
+        const WorkPos cur = p.bounds[s], prev = p.bounds[s - 1];
+        first_cut = cur.block > 0 && !(prev.group == cur.group && prev.block > 0);
+        group = cur.group;
+      }
       long long count;
-      const long long idx = block_exclusive_scan<NT>(first_cut ? 1 : 0, &count);  // its barriers
-                                                                                   // order s_edge
+      const long long idx = block_exclusive_scan<NT>(first_cut ? 1 : 0, &count);
       if (first_cut) {
-        p.split_groups[1 + 2 * (listed + idx)] = cur.group;
+        p.split_groups[1 + 2 * (listed + idx)] = group;
         p.split_groups[2 + 2 * (listed + idx)] = s - 1;
       }
       listed += count;
     }
     if (tid == 0) p.split_groups[0] = (int)listed;
   }
-  __syncthreads();  // s_range published
-  return SetRange{s_range[0], s_range[1]};
+  __syncthreads();  // the caller reads bounds and group_prefix next
 }
 
 }  // namespace jit_mla

@@ -74,21 +74,8 @@ __device__ __forceinline__ int group_num_blocks(const MlaParams& p, int b, int j
   return make_unit(p, b, last).num_blocks;
 }
 
-// First group of request b (0 <= b <= batch). A uniform q_len (cum_q null) gives every request
-// the same number of groups, so it is arithmetic; ragged calls read the plan's group_prefix.
-// The plan, the attention CTAs and the merge all look requests up: each lookup in the workspace
-// is a dependent L2 round trip that the uniform case (plain decode, MTP) does without.
-__device__ __forceinline__ int group_first(const MlaParams& p, int b) {
-  if (p.cum_q == nullptr) return (int)min((long long)b * request_num_groups(p, 0), (long long)p.max_groups);
-  return p.group_prefix[b];
-}
-
-// The request owning group g: the largest b with group_first(b) <= g (skips empty requests).
+// The request owning group g: the largest b with group_prefix[b] <= g (skips empty requests).
 __device__ __forceinline__ int find_request(const MlaParams& p, int g) {
-  if (p.cum_q == nullptr) {
-    const int n = request_num_groups(p, 0);
-    return n > 0 ? min(g / n, p.batch - 1) : 0;
-  }
   int lo = 0, hi = p.batch - 1;
   while (lo < hi) {
     const int mid = (lo + hi + 1) >> 1;
@@ -104,13 +91,10 @@ __device__ __forceinline__ bool pos_less(WorkPos a, WorkPos b) {
 // Partial-result slot of CTA set s for (lane) unit of group g: the set splits at most the group
 // its range starts inside of (slot pair 2s) and the one it ends inside of (2s+1); each of the
 // set's m_group CTAs has its own slot in the pair.
-// beg: bounds[s] (an attention CTA has its own set's in registers).
-__device__ __forceinline__ int partial_slot(const MlaParams& p, int s, WorkPos beg, int g, int lane) {
+__device__ __forceinline__ int partial_slot(const MlaParams& p, int s, int g, int lane) {
+  const WorkPos beg = p.bounds[s];
   const int which = (beg.group == g && beg.block > 0) ? 0 : 1;
   return (kSlotsPerCta * s + which) * p.m_group + lane;
-}
-__device__ __forceinline__ int partial_slot(const MlaParams& p, int s, int g, int lane) {
-  return partial_slot(p, s, p.bounds[s], g, lane);
 }
 
 // Row r of a split unit's normalized partial O in its slot: 512 bf16 (the slot is sized for the

@@ -177,7 +177,7 @@ __device__ void attention_any_page(const MlaParams& p) {
     named_barrier_sync(1, kNumThreads);
     const float tot_a = ss.row_sum[0][r_a] + ss.row_sum[1][r_a];
     const float tot_b = ss.row_sum[0][r_b] + ss.row_sum[1][r_b];
-    store_unit_result(p, w, partial_slot(p, cr.set, cr.beg, grp, cr.lane_m), wg, r_a, r_b, q4, o, st_a.m, st_b.m,
+    store_unit_result(p, w, partial_slot(p, cr.set, grp, cr.lane_m), wg, r_a, r_b, q4, o, st_a.m, st_b.m,
                       tot_a, tot_b, bmm2);
     // The next unit's loads overwrite sQ/sK and its epilogue row_sum: everyone must be past
     // this one's reads.

@@ -341,7 +341,7 @@ __device__ void attention_narrow(const MlaParams& p) {
         o[4 * t + 2 * h + 1] = v.y;
       }
     }
-    store_unit_result(p, w, partial_slot(p, cr.set, cr.beg, grp, cr.lane_m), wg, r_a, r_b, q4, o, mrow[0], mrow[1],
+    store_unit_result(p, w, partial_slot(p, cr.set, grp, cr.lane_m), wg, r_a, r_b, q4, o, mrow[0], mrow[1],
                       tot[0], tot[1], bmm2);
     // The next unit reuses the stages (they hold the merge buffers; its TMA writes must come
     // after these generic-proxy reads), Q, colmax, m and l.

@@ -412,7 +412,7 @@ constexpr int kPromoteBlocks = 64;
 
 // The unit's fp32 slot in partial_o: 64 rows x 512.
 __device__ __forceinline__ float* unit_slot_o(const MlaParams& p, const CtaRange& cr, int grp) {
-  return p.partial_o + (long long)partial_slot(p, cr.set, cr.beg, grp, cr.lane_m) * kBlockM * kHeadDimV;
+  return p.partial_o + (long long)partial_slot(p, cr.set, grp, cr.lane_m) * kBlockM * kHeadDimV;
 }
 
 // O^T and this thread's rows of the unit's fp32 slot, for both the narrow kernels (8 tiles, kT
@@ -846,7 +846,7 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
         o[4 * t + 2 * h + 1] = v.y;
       }
     }
-    store_unit_result(p, w, partial_slot(p, cr.set, cr.beg, grp, cr.lane_m), wg, r_a, r_b, q4, o, mrow[0] - kPShift,
+    store_unit_result(p, w, partial_slot(p, cr.set, grp, cr.lane_m), wg, r_a, r_b, q4, o, mrow[0] - kPShift,
                       mrow[1] - kPShift, tot[0], tot[1], bmm2);
     // The next unit reuses the stages (they hold the merge buffers; its TMA writes must come
     // after these generic-proxy reads), Q, qexp, colmax, m and l.

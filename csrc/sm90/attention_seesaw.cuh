@@ -564,7 +564,7 @@ __device__ void attention_seesaw(const MlaParams& p) {
       ss.row_sum[wg][rw.r_b] = l_b;
     }
     __syncthreads();
-    store_unit_result(p, w, partial_slot(p, cr.set, cr.beg, grp, cr.lane_m), wg, rw.r_a, rw.r_b, rw.q4, o,
+    store_unit_result(p, w, partial_slot(p, cr.set, grp, cr.lane_m), wg, rw.r_a, rw.r_b, rw.q4, o,
                       ss.m[rw.r_a], ss.m[rw.r_b], ss.row_sum[0][rw.r_a] + ss.row_sum[1][rw.r_a],
                       ss.row_sum[0][rw.r_b] + ss.row_sum[1][rw.r_b], bmm2);
     // The next unit reuses sQ, the stages, m and row_sum: everyone must be past this one's reads.

@@ -393,7 +393,7 @@ __device__ void attention_wide_fp8(const MlaParams& p) {
     }
     __syncthreads();
     // Row c (one thread each): its output factor, and its LSE (split: the partial's).
-    const int slot = partial_slot(p, cr.set, cr.beg, grp, cr.lane_m);
+    const int slot = partial_slot(p, cr.set, grp, cr.lane_m);
     if (tid < kBlockM) {
       const int c = tid;
       float tot = 0.f;

@@ -23,12 +23,12 @@ struct CtaRange {
   int group0, group_end;
 };
 
-__device__ __forceinline__ CtaRange cta_range(const MlaParams& p, const SetRange& sr) {
+__device__ __forceinline__ CtaRange cta_range(const MlaParams& p) {
   CtaRange r;
   r.set = blockIdx.x / p.m_group;
   r.lane_m = blockIdx.x % p.m_group;
-  r.beg = sr.beg;
-  r.end = sr.end;
+  r.beg = p.bounds[r.set];
+  r.end = p.bounds[r.set + 1];
   r.group0 = r.beg.group;
   r.group_end = r.end.block > 0 ? r.end.group + 1 : r.end.group;
   if (r.beg.group == r.end.group && r.beg.block == r.end.block) r.group_end = r.group0;  // empty
@@ -59,9 +59,9 @@ __device__ __forceinline__ CtaRange start_cta(const MlaParams& p) {
   pdl_wait_primary();
   trace_mark(kMarkReady);
   pdl_launch_dependents();
-  const SetRange sr = plan_splits<kThreads>(p);
+  plan_splits<kThreads>(p);
   trace_mark(kMarkPlanned);
-  return cta_range(p, sr);
+  return cta_range(p);
 }
 
 // One unit of a group, as a CTA of set `set` (lane lane_m) runs it.
@@ -76,7 +76,7 @@ __device__ __forceinline__ UnitWork unit_work(const MlaParams& p, int grp, int l
                                               WorkPos end) {
   UnitWork w{};
   const int b = find_request(p, grp);
-  const int j = grp - group_first(p, b);
+  const int j = grp - p.group_prefix[b];
   const int m = j * p.m_group + lane_m;
   w.valid = m < request_num_units(p, b);
   if (!w.valid) return w;

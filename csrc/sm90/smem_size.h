@@ -7,10 +7,6 @@
 
 namespace jit_mla::sm90 {
 
-// The planner's static shared memory comes on top of each kernel's dynamic share (160 B with 256
-// threads: its scans' warp totals, the cost range, the CTA's set range, the warps' last bounds).
-constexpr int kPlannerSmemBytes = 256;
-
 struct SharedStorage {
   uint8_t q[kTileBytes];              // sQ: (64 rows, 576) bf16, 9 boxes of (64, 64), swizzled
   uint8_t kv[kNumStages][kTileBytes]; // sK: (64 tokens, 576) bf16 per stage, same layout
@@ -32,11 +28,12 @@ struct SeesawSmem {
   uint64_t hand[4];                   // warpgroup hand-offs (128 arrivals each): kNumHand in attention_seesaw
 };
 constexpr int kSeesawSmemBytes = (int)sizeof(SeesawSmem) + 1024;
-static_assert(kSeesawSmemBytes + kPlannerSmemBytes <= 227 * 1024, "shared memory over the sm_90 per-block limit");
+// +128: the planner's static shared memory (80 B: warp totals of its scans) comes on top.
+static_assert(kSeesawSmemBytes + 128 <= 227 * 1024, "shared memory over the sm_90 per-block limit");
 
 // +1 KiB: the dynamic smem base is re-aligned to 1024 B, which the 128B swizzle pattern needs.
 constexpr int kAttentionSmemBytes = (int)sizeof(SharedStorage) + 1024;
-static_assert(kAttentionSmemBytes + kPlannerSmemBytes <= 227 * 1024, "shared memory over the sm_90 per-block limit");
+static_assert(kAttentionSmemBytes + 128 <= 227 * 1024, "shared memory over the sm_90 per-block limit");
 
 // The narrow kernel (attention_narrow.cuh; units of at most kN = 16 or 32 rows): two KV stages,
 // one per warpgroup, Q as (kN, 576), each warpgroup's P as (kN, 64).
@@ -54,7 +51,7 @@ template <int kN>
 constexpr int narrow_smem_bytes() {
   return (int)sizeof(NarrowSmem<kN>) + 1024;  // + re-alignment of the dynamic smem base to 1 KiB
 }
-static_assert(narrow_smem_bytes<32>() + kPlannerSmemBytes <= 227 * 1024, "shared memory over the sm_90 per-block limit");
+static_assert(narrow_smem_bytes<32>() + 128 <= 227 * 1024, "shared memory over the sm_90 per-block limit");
 
 // The fp8 narrow kernel (attention_narrow_fp8.cuh): KV blocks stay fp8 in shared memory (9
 // boxes of (64 tokens, 64) e4m3 in the 64B swizzle, 36 KiB; K read by fp8 wgmmas from there, V
@@ -81,7 +78,7 @@ template <int kN>
 constexpr int narrow_fp8_smem_bytes() {
   return (int)sizeof(NarrowFp8Smem<kN>) + 1024;
 }
-static_assert(narrow_fp8_smem_bytes<32>() + kPlannerSmemBytes <= 227 * 1024, "shared memory over the sm_90 per-block limit");
+static_assert(narrow_fp8_smem_bytes<32>() + 128 <= 227 * 1024, "shared memory over the sm_90 per-block limit");
 
 // The wide fp8 kernel (attention_wide_fp8.cuh; 64-row units, e4m3 query and cache): four fp8
 // stages (warpgroup w's blocks in 2w, 2w + 1, alternating; PV reads both warpgroups'), Q as
@@ -99,7 +96,7 @@ struct WideFp8Smem {
   uint64_t vfree[4];                 // per stage: both warpgroups done reading its block
 };
 constexpr int kWideFp8SmemBytes = (int)sizeof(WideFp8Smem) + 1024;
-static_assert(kWideFp8SmemBytes + kPlannerSmemBytes <= 227 * 1024, "shared memory over the sm_90 per-block limit");
+static_assert(kWideFp8SmemBytes + 128 <= 227 * 1024, "shared memory over the sm_90 per-block limit");
 
 // The end of a unit merges the two warpgroups' O (kN rows, 512) fp32, each in its own stage, rows
 // kMergeStride floats apart (8 more than 512: the float2 reads of 8 rows then hit 8 bank groups;
