@@ -31,7 +31,8 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw,temperature.gpu --fo
 read -ra suite <<< "$(python3 -c 'import sys; sys.path.insert(0, "benchmarks"); import ab; print(*ab.SUITE)')"
 # ptxas 13.0 once emitted `LDGSTS [R+UR], desc[UR]` for a cp.async kernel, which the H200 rejects
 # as an illegal instruction (a sticky error that fails the rest of the suite; perf-notes Session 9).
-# The CPU machines have no disassembler, so the cubin's copies are checked here, before the tests.
+# The cubin build checks this too when it finds a disassembler (jit_mla/sass.py; JIT_MLA_NVDISASM),
+# which the CPU machines lack unless given one; the shipped cubin is checked again here, before the tests.
 step sass_check 60 bash -c 'n=$(cuobjdump --dump-sass cubins/sm_90a/mla_sm90.cubin | grep LDGSTS | grep -c "+UR");
   echo "LDGSTS with a uniform-register offset: $n"; [[ "$n" == 0 ]]'
 step suite 240 python3 -m pytest -q "${suite[@]}"

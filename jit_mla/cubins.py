@@ -44,7 +44,7 @@ from pathlib import Path, PurePosixPath
 
 import filelock
 
-from jit_mla import _paths, env
+from jit_mla import _paths, env, sass
 
 __all__ = [
     "KERNEL_SOURCES",
@@ -219,6 +219,10 @@ def build_cubins(archs: list[str] | tuple[str, ...], out_root: Path | str | None
                 f"{csrc / ks.source} compiled for {arch} lacks the kernels {', '.join(missing)}; "
                 f"its functions: {', '.join(sorted(_function_symbols(data))) or 'none'}"
             )
+        try:
+            sass.check_cubin(data, f"the {arch} cubin of {csrc / ks.source}")
+        except sass.SassError as e:
+            raise CubinError(str(e)) from e
         _write_atomic(out_root / rel, data)
         entries[arch] = {
             "file": rel,
