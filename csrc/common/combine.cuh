@@ -4,7 +4,7 @@
 // the rows of every split unit. One launch per call instead of two saves ~2.5 us of host time
 // and the drain-and-launch gap between two kernels on the GPU.
 //
-// One warp per item, an output row (or 256 columns of one): it weighs the row's n normalized
+// One warp per item, an output row (or 128 or 256 columns of one): it weighs the row's n normalized
 // bf16 partials (partial_row) in fp32 and writes bf16. A warp's items are contiguous, so
 // consecutive items mostly share a row (whose weights it works out once) and a unit (whose list
 // of partial slots it collects once).
@@ -101,71 +101,82 @@ __device__ __forceinline__ float row_weights(const MlaParams& p, const int* slot
   return lse;
 }
 
-// Row r's kChunks 256-column chunks from column col0 on, of splits j .. j + 16 / kChunks - 1
-// (missing splits read nothing: 0), 8 bf16 per lane and chunk.
-template <int kChunks>
+// Row r's kChunks chunks of 32 kLane columns (kLane bf16 per lane: 8 or 4) from column col0 on,
+// of splits j .. j + 16 / kChunks - 1 (missing splits read nothing: 0), as kLane / 2 words.
+template <int kChunks, int kLane>
 __device__ __forceinline__ void load_partials(const MlaParams& p, const int* slots, int n, int j,
                                               int r, int col0,
-                                              uint4 (&v)[kCombineLoadsInFlight / kChunks][kChunks]) {
+                                              uint32_t (&v)[kCombineLoadsInFlight / kChunks][kChunks][kLane / 2]) {
+  constexpr int kCols = 32 * kLane;
   const int lane = threadIdx.x & 31;
 #pragma unroll
   for (int k = 0; k < kCombineLoadsInFlight / kChunks; ++k) {
-    const __nv_bfloat16* src = partial_row(p, slots[min(j + k, n - 1)], r) + col0 + 8 * lane;
+    const __nv_bfloat16* src = partial_row(p, slots[min(j + k, n - 1)], r) + col0 + kLane * lane;
 #pragma unroll
-    for (int c = 0; c < kChunks; ++c)
-      v[k][c] = j + k < n ? __ldcg(reinterpret_cast<const uint4*>(src + kCombineCols * c)) : make_uint4(0, 0, 0, 0);
+    for (int c = 0; c < kChunks; ++c) {
+      if constexpr (kLane == 8) {
+        const uint4 x = j + k < n ? __ldcg(reinterpret_cast<const uint4*>(src + kCols * c)) : make_uint4(0, 0, 0, 0);
+        v[k][c][0] = x.x; v[k][c][1] = x.y; v[k][c][2] = x.z; v[k][c][3] = x.w;
+      } else {
+        const uint2 x = j + k < n ? __ldcg(reinterpret_cast<const uint2*>(src + kCols * c)) : make_uint2(0, 0);
+        v[k][c][0] = x.x; v[k][c][1] = x.y;
+      }
+    }
   }
 }
 
-// acc[0..7] += w * the 8 bf16 of x.
-__device__ __forceinline__ void fma_bf16x8(float (&acc)[8], float w, const uint4& x) {
-  const uint32_t u[4] = {x.x, x.y, x.z, x.w};
+// acc[0 .. 2 kW) += w * the 2 kW bf16 of u.
+template <int kW>
+__device__ __forceinline__ void fma_bf16(float (&acc)[2 * kW], float w, const uint32_t (&u)[kW]) {
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < kW; ++i) {
     acc[2 * i] = fmaf(w, __uint_as_float(u[i] << 16), acc[2 * i]);
     acc[2 * i + 1] = fmaf(w, __uint_as_float(u[i] & 0xffff0000u), acc[2 * i + 1]);
   }
 }
 
-// kChunks 256-column chunks of row r from column col0 on: sum_j weight_j O_j, finalized. Each
-// step loads kCombineLoadsInFlight / kChunks splits' chunks at once: the loop is bound by the
-// latency of these loads, so a whole row (few splits) and a lone chunk (many splits) both keep
-// 16 in flight per lane. new_row: the row's weights (and *lse_io) are not worked out yet; that
-// happens while the first partials are in flight (the two sets of loads are independent).
-template <int kChunks>
+// kChunks chunks of 32 kLane columns of row r from column col0 on: sum_j weight_j O_j, finalized.
+// Each step loads kCombineLoadsInFlight / kChunks splits' chunks at once: the loop is bound by
+// the latency of these loads, so a whole row (few splits) and a lone chunk (many splits) both
+// keep 16 in flight per lane. new_row: the row's weights (and *lse_io) are not worked out yet;
+// that happens while the first partials are in flight (the two sets of loads are independent).
+template <int kChunks, int kLane>
 __device__ __forceinline__ void combine_cols(const MlaParams& p, const Unit& unit, const int* slots,
                                              float* weight, int n, int r, int col0, bool new_row,
                                              float* lse_io, float bmm2) {
-  constexpr int kSplits = kCombineLoadsInFlight / kChunks;
-  float acc[kChunks][8];
+  constexpr int kSplits = kCombineLoadsInFlight / kChunks, kCols = 32 * kLane;
+  float acc[kChunks][kLane];
 #pragma unroll
   for (int c = 0; c < kChunks; ++c)
 #pragma unroll
-    for (int i = 0; i < 8; ++i) acc[c][i] = 0.f;
-  uint4 v[kSplits][kChunks];  // 8 bf16 each
-  load_partials<kChunks>(p, slots, n, 0, r, col0, v);
+    for (int i = 0; i < kLane; ++i) acc[c][i] = 0.f;
+  uint32_t v[kSplits][kChunks][kLane / 2];
+  load_partials<kChunks, kLane>(p, slots, n, 0, r, col0, v);
   if (new_row) *lse_io = row_weights(p, slots, weight, n, r);
   const float lse = *lse_io;
   const int lane = threadIdx.x & 31;
   for (int j = 0; j < n; j += kSplits) {
-    if (j > 0) load_partials<kChunks>(p, slots, n, j, r, col0, v);
+    if (j > 0) load_partials<kChunks, kLane>(p, slots, n, j, r, col0, v);
 #pragma unroll
     for (int k = 0; k < kSplits; ++k) {
       const float w = j + k < n ? weight[j + k] : 0.f;
 #pragma unroll
-      for (int c = 0; c < kChunks; ++c) fma_bf16x8(acc[c], w, v[k][c]);
+      for (int c = 0; c < kChunks; ++c) fma_bf16<kLane / 2>(acc[c], w, v[k][c]);
     }
   }
   const int head = (unit.row0 + r) % p.num_heads;
   const RowFinal fin = finalize_row(lse, p.sinks, head, bmm2);
   const long long row = unit.q_row_base + r;
-  __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out) + row * kHeadDimV + col0 + 8 * lane;
+  __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out) + row * kHeadDimV + col0 + kLane * lane;
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) {
-    const float* a = acc[c];
-    *reinterpret_cast<uint4*>(out + kCombineCols * c) =
-        make_uint4(pack_bf16x2(a[0] * fin.scale, a[1] * fin.scale), pack_bf16x2(a[2] * fin.scale, a[3] * fin.scale),
-                   pack_bf16x2(a[4] * fin.scale, a[5] * fin.scale), pack_bf16x2(a[6] * fin.scale, a[7] * fin.scale));
+    uint32_t w[kLane / 2];
+#pragma unroll
+    for (int i = 0; i < kLane / 2; ++i) w[i] = pack_bf16x2(acc[c][2 * i] * fin.scale, acc[c][2 * i + 1] * fin.scale);
+    if constexpr (kLane == 8)
+      *reinterpret_cast<uint4*>(out + kCols * c) = make_uint4(w[0], w[1], w[2], w[3]);
+    else
+      *reinterpret_cast<uint2*>(out + kCols * c) = make_uint2(w[0], w[1]);
   }
   if (p.lse != nullptr && lane == 0 && col0 == 0) p.lse[row] = fin.lse;
 }
@@ -185,8 +196,8 @@ __device__ __forceinline__ void combine_splits(const MlaParams& p) {
   float* weight = cs.weight[warp];
   const float bmm2 = load_scale(p.bmm2_scale_ptr, p.bmm2_scale);
 
-  // Items: whole rows, or 256-column chunks of rows when even the chunks are not more than the
-  // warps (a short request split many ways: few rows, many splits each). A unit's rows are
+  // Items: whole rows, or 128- or 256-column chunks of rows when even the chunks are not more
+  // than the warps (a short request split many ways: few rows, many splits each). A unit's rows are
   // counted as q_len * H when a uniform query length makes that fewer than a unit holds (H = 16
   // decode: 16 rows), so that the warps share only rows that exist. A warp's items are
   // contiguous; warps are numbered warp 0 of every CTA first, so that few items still spread
@@ -195,8 +206,9 @@ __device__ __forceinline__ void combine_splits(const MlaParams& p) {
   const int unit_rows = p.cum_q == nullptr ? max(1, min(unit_cap, p.q_len * p.num_heads)) : unit_cap;
   const long long rows = (long long)units * unit_rows;
   const long long warps = (long long)gridDim.x * kCombineWarps;
-  const bool by_chunk = rows * kCombineChunks <= warps;
-  const int per_row = by_chunk ? kCombineChunks : 1;
+  // Few rows (a short request split many ways): 128-column items (4 bf16 per lane) when four
+  // per row are not more than the warps, else 256-column ones when two are not, else rows.
+  const int per_row = rows * 4 <= warps ? 4 : rows * kCombineChunks <= warps ? kCombineChunks : 1;
   const long long items = rows * per_row;
   const long long per_warp = (items + warps - 1) / warps;
   const long long item0 = ((long long)warp * gridDim.x + blockIdx.x) * per_warp;
@@ -224,11 +236,13 @@ __device__ __forceinline__ void combine_splits(const MlaParams& p) {
     const bool new_row = r != cur_row;
     if (new_row) __syncwarp();  // weight of the previous row no longer read
     cur_row = r;
-    if (by_chunk)
-      combine_cols<1>(p, unit, slots, weight, n, r, (int)(item % per_row) * kCombineCols, new_row,
-                      &lse, bmm2);
+    if (per_row == 4)
+      combine_cols<1, 4>(p, unit, slots, weight, n, r, (int)(item % 4) * 128, new_row, &lse, bmm2);
+    else if (per_row == kCombineChunks)
+      combine_cols<1, 8>(p, unit, slots, weight, n, r, (int)(item % per_row) * kCombineCols, new_row,
+                         &lse, bmm2);
     else
-      combine_cols<kCombineChunks>(p, unit, slots, weight, n, r, 0, new_row, &lse, bmm2);
+      combine_cols<kCombineChunks, 8>(p, unit, slots, weight, n, r, 0, new_row, &lse, bmm2);
   }
 }
 
