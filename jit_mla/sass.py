@@ -41,8 +41,8 @@ def disassembler() -> list[str] | None:
     if explicit:
         return [explicit, "-c"]
     try:
-        bin_dir = env.cuda_home() / "bin"
-    except Exception:  # no toolkit found: nothing to disassemble with either
+        bin_dir: Path | None = env.cuda_home() / "bin"
+    except env.JitError:  # no toolkit found: look on PATH only
         bin_dir = None
     for name, args in (("nvdisasm", ["-c"]), ("cuobjdump", ["--dump-sass"])):
         path = bin_dir / name if bin_dir is not None else None
