@@ -229,12 +229,13 @@ int64_t workspace_size(int64_t batch, int64_t total_q, int64_t num_heads, int64_
 // _fp8_any ones load it by cp.async for the page sizes TMA does not fit; the _fp8q ones take an
 // e4m3 query too (both matmuls on e4m3 wgmmas). The narrow ids are laid out so that kNarrow16 +
 // kNarrowFp8 (+ kNarrowFp8Any) (+ kNarrowFp8Q) + (32 rows) picks one. kWideFp8Q: e4m3 query and
-// cache, TMA pages, 64-row units (requests of more than 32 rows).
+// cache, TMA pages, 64-row units (requests of more than 32 rows); kWideFp8: the same with a bf16
+// query (Q and P as hi + lo e4m3 rows).
 enum KernelId : int {
   kSeesaw, kAnyPage,
   kNarrow16, kNarrow32, kNarrow16Fp8, kNarrow32Fp8, kNarrow16Fp8Any, kNarrow32Fp8Any,
   kNarrow16Fp8Q, kNarrow32Fp8Q, kNarrow16Fp8QAny, kNarrow32Fp8QAny,
-  kWideFp8Q,
+  kWideFp8Q, kWideFp8,
   kNumKernels,
 };
 constexpr int kNarrowFp8 = kNarrow16Fp8 - kNarrow16, kNarrowFp8Any = kNarrow16Fp8Any - kNarrow16Fp8,
@@ -257,6 +258,7 @@ const KernelInfo kKernelInfo[kNumKernels] = {
     {"mla_sm90_attention_narrow16_fp8q_any", sm90::narrow_fp8_smem_bytes<16>()},
     {"mla_sm90_attention_narrow32_fp8q_any", sm90::narrow_fp8_smem_bytes<32>()},
     {"mla_sm90_attention_wide_fp8q", sm90::kWideFp8SmemBytes},
+    {"mla_sm90_attention_wide_fp8", sm90::kWideFp8BSmemBytes},
 };
 
 struct Kernels {
@@ -579,14 +581,13 @@ void run_attention(TensorView out, Optional<TensorView> lse, TensorView query, T
   // - bf16: the narrow kernels (transposed tiles, units of 16 / 32 rows, tensor work not padded
   //   to 64 rows) when a request has at most 32 rows and TMA fits the pages; else the 64-row
   //   kernels (TMA or cp.async).
-  // - e4m3 query and cache, TMA pages, more than 32 rows (H 64 / 128, MTP, ragged): the wide fp8
-  //   kernel (64-row units, transposed tiles).
-  // - fp8 otherwise: the narrow kernels for every shape and page size (cp.async where TMA does
-  //   not fit); a request of more than 32 rows as several 32-row units side by side (the wide
-  //   kernel takes an e4m3 query only).
+  // - fp8 cache, TMA pages, more than 32 rows (H 64 / 128, MTP, ragged): the wide fp8 kernels
+  //   (64-row units, transposed tiles; e4m3 or bf16 query).
+  // - fp8 otherwise: the narrow kernels (cp.async where TMA does not fit); a request of more than
+  //   32 rows with other page sizes as several 32-row units side by side.
   const int64_t rows_hint = (cum_seq_lens_q.has_value() ? max_q_len : q_len) * num_heads;
   const bool use_tma = tma_page_size(page_size);
-  const bool wide_fp8 = q_fp8 && use_tma && rows_hint > 32;
+  const bool wide_fp8 = kv_fp8 && use_tma && rows_hint > 32;
   const bool narrow = !wide_fp8 && (kv_fp8 || (use_tma && rows_hint >= 1 && rows_hint <= 32));
   const int unit_rows_log2 = !narrow ? 6 : rows_hint >= 1 && rows_hint <= 16 ? 4 : 5;  // 64, 16, 32 rows
   // The kernels load kv_cache and query rows in 16-byte pieces and the split merge stores out in
@@ -679,7 +680,7 @@ void run_attention(TensorView out, Optional<TensorView> lse, TensorView query, T
 
   // ---- 4. launch: one kernel (each CTA plans, attends, then merges splits), PDL when enabled ---
   // (narrow and unit_rows_log2: worked out with the kv_cache checks above.)
-  const int id = wide_fp8 ? kWideFp8Q
+  const int id = wide_fp8 ? (q_fp8 ? kWideFp8Q : kWideFp8)
                  : !narrow ? (use_tma ? kSeesaw : kAnyPage)
                          : (unit_rows_log2 == 4 ? kNarrow16 : kNarrow32) +
                                (kv_fp8 ? kNarrowFp8 + (use_tma ? 0 : kNarrowFp8Any) + (q_fp8 ? kNarrowFp8Q : 0) : 0);

@@ -110,11 +110,14 @@ def tma_page_size(page_size: int) -> bool:
 def attention_kernel(page_size: int, rows_per_request: int = 64, fp8: bool = False, fp8_query: bool = False) -> str:
     """The kernel a call launches (it plans, attends and merges splits): csrc/launcher.cu's rule.
     rows_per_request: q_len * H of a uniform call, max_q_len * H of a ragged one (0: max_q_len
-    not given); fp8: a float8_e4m3fn cache (the narrow kernels); fp8_query: an e4m3 query too
-    (implies fp8; the wide kernel for more than 32 rows with TMA pages)."""
+    not given); fp8: a float8_e4m3fn cache; fp8_query: an e4m3 query too (implies fp8). An fp8
+    cache with more than 32 rows and TMA pages runs on the wide kernels, else the narrow ones."""
     fp8 = fp8 or fp8_query
-    if fp8_query and tma_page_size(page_size) and rows_per_request > 32:
-        return "mla_sm90_attention_wide_fp8q (TMA, 64-row units, transposed tiles, e4m3 QK^T and PV, P in e4m3)"
+    if fp8 and tma_page_size(page_size) and rows_per_request > 32:
+        if fp8_query:
+            return "mla_sm90_attention_wide_fp8q (TMA, 64-row units, transposed tiles, e4m3 QK^T and PV, P in e4m3)"
+        return ("mla_sm90_attention_wide_fp8 (TMA, 64-row units, transposed tiles, e4m3 QK^T and PV, "
+                "Q and P as hi + lo)")
     small = 1 <= rows_per_request <= 32
     narrow = fp8 or (small and tma_page_size(page_size))
     loads = "TMA" if tma_page_size(page_size) else "cp.async"
@@ -171,10 +174,10 @@ def _next_call_report() -> str:
     lines.append(
         f"  kernels:  {attention_kernel(64)} for page sizes 8, 16, 32, 64 or multiples "
         f"of 64 (else {attention_kernel(24)}), narrow16/32 for q_len * H <= 16/32 "
-        f"with those pages; a float8_e4m3fn cache always on the narrow kernels' _fp8 twins "
-        f"(_fp8_any by cp.async for the other pages; more than 32 rows as 32-row units; _fp8q "
-        f"with an e4m3 query; an e4m3 query of more than 32 rows with TMA pages on "
-        f"mla_sm90_attention_wide_fp8q, 64-row units); one "
+        f"with those pages; a float8_e4m3fn cache on the narrow kernels' _fp8 twins "
+        f"(_fp8_any by cp.async for the other pages, more than 32 rows there as 32-row units; "
+        f"_fp8q with an e4m3 query), and for more than 32 rows with TMA pages on "
+        f"mla_sm90_attention_wide_fp8 / _fp8q (64-row units); one "
         f"cooperative launch per call"
     )
     return "\n".join(lines)

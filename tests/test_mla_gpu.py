@@ -248,10 +248,12 @@ def test_fp8_long_pv_chain(H, sms, kv_lens, q8, monkeypatch):
 
 # Query rows far outside e4m3's (and f16's) range (|q| up to ~2^19, or ~2^-18), bmm1_scale scaled
 # back by the same power of 2, so the logits are those of N(0, 1) data: a kernel that put Q in
-# e4m3 without its per-row exponent would saturate, or lose the small rows' digits.
+# e4m3 without its per-row exponent would saturate, or lose the small rows' digits. H 16: the
+# narrow kernel; H 128: the wide one (64-row units).
+@pytest.mark.parametrize("H", [16, 128])
 @pytest.mark.parametrize("q_scale", [2.0**17, 2.0**-20])
-def test_fp8_query_rows_outside_e4m3_range(q_scale):
-    case = make_case(8, 1, 16, 64, [1000, 77, 64, 4096, 1, 300, 2048, 513], dtype=torch.float8_e4m3fn,
+def test_fp8_query_rows_outside_e4m3_range(q_scale, H):
+    case = make_case(8, 1, H, 64, [1000, 77, 64, 4096, 1, 300, 2048, 513], dtype=torch.float8_e4m3fn,
                      device=DEV, seed=11)
     case.query = (case.query.float() * q_scale).to(torch.bfloat16)  # exact: a power of 2
     case.bmm1_scale = SM_SCALE / q_scale
@@ -261,8 +263,9 @@ def test_fp8_query_rows_outside_e4m3_range(q_scale):
 
 # A query row holding inf: the fp8 kernel stores Q as e4m3, which saturates inf, so it makes that
 # row's scores NaN instead (as the reference's row is); every other row is untouched.
-def test_fp8_query_row_with_inf_is_nan():
-    case = make_case(4, 1, 16, 64, [1000, 300, 77, 2048], dtype=torch.float8_e4m3fn, device=DEV, seed=23)
+@pytest.mark.parametrize("H", [16, 128])
+def test_fp8_query_row_with_inf_is_nan(H):
+    case = make_case(4, 1, H, 64, [1000, 300, 77, 2048], dtype=torch.float8_e4m3fn, device=DEV, seed=23)
     ref, _ = case.reference()
     ref_lowp, _ = case.reference(low_precision=True)
     case.query[2, 0, 5, 100] = float("inf")
@@ -302,10 +305,12 @@ def test_non_positive_bmm1_scale(q_len, H, page, dtype, q8, scale):
 
 # A non-finite query row that sees no key (MTP: q_len 2 on a 1-token request, its first token):
 # zero and -inf LSE as any row without keys, not NaN. The bf16-query fp8 kernels keep a per-row
-# score scale (NaN for such a row); its masked scores must still give P = 0.
+# score scale (NaN for such a row); its masked scores must still give P = 0. H 16: 32 rows per
+# request, the narrow kernel; H 32: 64 rows, the wide one.
+@pytest.mark.parametrize("H", [16, 32])
 @pytest.mark.parametrize("value", [float("inf"), float("nan")], ids=["inf", "nan"])
-def test_fp8_non_finite_query_row_without_keys_is_zero(value):
-    case = make_case(3, 2, 16, 64, [1, 500, 64], dtype=torch.float8_e4m3fn, device=DEV, seed=43)
+def test_fp8_non_finite_query_row_without_keys_is_zero(value, H):
+    case = make_case(3, 2, H, 64, [1, 500, 64], dtype=torch.float8_e4m3fn, device=DEV, seed=43)
     case.query[0, 0, 5, 100] = value
     out, lse = _run(case)
     assert bool((out[0, 0, 5] == 0).all()), "the row without keys is not zero"

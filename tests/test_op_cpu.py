@@ -369,8 +369,10 @@ def test_kernel_choice_follows_the_launchers_page_size_rule():
     assert cli.attention_kernel(16, 32, fp8=True).startswith("mla_sm90_attention_narrow32_fp8 ")
     assert cli.attention_kernel(24, 16, fp8=True).startswith("mla_sm90_attention_narrow16_fp8_any (cp.async")
     assert cli.attention_kernel(1, 32, fp8=True).startswith("mla_sm90_attention_narrow32_fp8_any (cp.async")
-    # fp8 (bf16 query) beyond 32 rows (H 128, MTP) or without a max_q_len: 32-row units
-    assert cli.attention_kernel(64, 128, fp8=True).startswith("mla_sm90_attention_narrow32_fp8 ")
+    # fp8 (bf16 query) beyond 32 rows (H 128, MTP) with TMA pages: the wide kernel (64-row units);
+    # without a max_q_len or with other pages: 32-row units
+    assert cli.attention_kernel(64, 128, fp8=True).startswith("mla_sm90_attention_wide_fp8 (TMA")
+    assert cli.attention_kernel(16, 33, fp8=True).startswith("mla_sm90_attention_wide_fp8 (TMA")
     assert cli.attention_kernel(64, 0, fp8=True).startswith("mla_sm90_attention_narrow32_fp8 ")
     assert cli.attention_kernel(24, 33, fp8=True).startswith("mla_sm90_attention_narrow32_fp8_any (cp.async")
     # an e4m3 query with the fp8 cache: the _fp8q twins

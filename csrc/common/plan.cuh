@@ -16,12 +16,21 @@
 
 namespace jit_mla {
 
-// Exclusive block-wide scan of one int64 per thread (NT threads); returns the thread's prefix,
-// *total the sum.
+// The planner's shared scratch: warp totals of its scans, the groups' cost range. Static shared
+// memory in most kernels (start_cta); a kernel that needs all 227 KiB as dynamic shared memory
+// (the static part would push its base off the 512-byte alignment its swizzled tiles need) lends
+// the planner a piece of it instead.
 template <int NT>
-__device__ __forceinline__ long long block_exclusive_scan(long long v, long long* total) {
+struct PlanScratch {
+  long long warp[NT / 32];
+  int cost_min, cost_max;
+};
+
+// Exclusive block-wide scan of one int64 per thread (NT threads); returns the thread's prefix,
+// *total the sum. s_warp: NT / 32 values of shared scratch.
+template <int NT>
+__device__ __forceinline__ long long block_exclusive_scan(long long v, long long* total, long long* s_warp) {
   static_assert(NT % 32 == 0 && NT <= 1024, "whole warps, at most 32 of them");
-  __shared__ long long s_warp[NT / 32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   long long x = v;
 #pragma unroll
@@ -48,12 +57,13 @@ __device__ __forceinline__ long long block_exclusive_scan(long long v, long long
 }
 
 template <int NT>
-__device__ void plan_splits(const MlaParams& p) {
+__device__ void plan_splits(const MlaParams& p, PlanScratch<NT>& scratch) {
   const int tid = threadIdx.x;
   const int B = p.batch;
   // Values one thread needs from another: scan totals come back in registers, the groups' cost
   // range is reduced in shared memory (a global write, barrier and read is an L2 round trip).
-  __shared__ int s_cost_min, s_cost_max;
+  int& s_cost_min = scratch.cost_min;
+  int& s_cost_max = scratch.cost_max;
   if (tid == 0) {
     s_cost_min = INT_MAX;
     s_cost_max = INT_MIN;
@@ -67,7 +77,7 @@ __device__ void plan_splits(const MlaParams& p) {
     long long local = 0;
     for (int b = b0; b < b1; ++b) local += request_num_groups(p, b);
     long long total;
-    long long run = block_exclusive_scan<NT>(local, &total);
+    long long run = block_exclusive_scan<NT>(local, &total, scratch.warp);
     // Valid prefix sums never exceed max_groups (the workspace's bound); overlapping ragged
     // ranges (an invalid cum_seq_lens_q) could: their excess groups are dropped, not written.
     for (int b = b0; b < b1; ++b) {
@@ -99,7 +109,7 @@ __device__ void plan_splits(const MlaParams& p) {
       atomicMin(&s_cost_min, cmin);
       atomicMax(&s_cost_max, cmax);
     }
-    long long run = block_exclusive_scan<NT>(local, &W);  // its barriers publish the atomics
+    long long run = block_exclusive_scan<NT>(local, &W, scratch.warp);  // its barriers publish the atomics
     b = b_g0;
     for (int g = g0; g < g1; ++g) {
       while (p.group_prefix[b + 1] <= g) ++b;
@@ -167,7 +177,7 @@ __device__ void plan_splits(const MlaParams& p) {
         group = cur.group;
       }
       long long count;
-      const long long idx = block_exclusive_scan<NT>(first_cut ? 1 : 0, &count);
+      const long long idx = block_exclusive_scan<NT>(first_cut ? 1 : 0, &count, scratch.warp);
       if (first_cut) {
         p.split_groups[1 + 2 * (listed + idx)] = group;
         p.split_groups[2 + 2 * (listed + idx)] = s - 1;

@@ -17,11 +17,18 @@
 //     all 256 threads have issued their PV reads of it (an mbarrier per stage, no third barrier).
 // The running max, sums and O^T columns are disjoint or shared per row, so the unit ends without a
 // merge of the two warpgroups' O: a row's sum is the two warpgroups' sums added.
-// TMA pages only (the launcher sends other page sizes to the narrow _fp8q_any kernels).
+// A bf16 query (!kQ8, mode 1) keeps bf16's precision with two e4m3 rows of the same scale for
+// each of Q and P: S^T = K Q_hi^T + K Q_lo^T into the one accumulator (36 k-steps), O^T += V^T
+// P_hi^T + V^T P_lo^T (two passes over the same V^T fragments); the tensor work of bf16, half its
+// bytes. Its shared memory (WideFp8BSmem) puts P hi into its block's stage, so a stage is free
+// only when the PV wgmmas reading it have retired, not when they are issued.
+// TMA pages only (the launcher sends other page sizes to the narrow _fp8_any / _fp8q_any kernels).
 // Tried and dropped (session 11): a seesaw schedule (each warpgroup's max handed to the other by
 // mbarriers, no CTA barrier): 1.24x slower; ptxas needed more registers than there are for its
 // rescale-between-PVs paths, and serialized the wgmmas (C7512) unless PV ran one tile per group.
 #pragma once
+#include <type_traits>
+
 #include "attention_narrow_fp8.cuh"
 
 namespace jit_mla::sm90 {
@@ -55,6 +62,67 @@ __device__ __forceinline__ void load_q_rows_wide(uint8_t* sQ, const MlaParams& p
     const uint4 v = c < rows ? __ldg(reinterpret_cast<const uint4*>(q + (row_base + c) * kHeadDimQK) + k)
                              : make_uint4(0, 0, 0, 0);
     *reinterpret_cast<uint4*>(sQ + (k >> 2) * kFp8BoxBytes + sw64(c, k & 3)) = v;
+  }
+}
+
+// bf16 Q rows [row_base, row_base + rows) -> two e4m3 rows each, hi = e4m3(q 2^-e_c) and lo =
+// e4m3(q 2^-e_c - hi) at the same scale (S^T sums both into one accumulator; wgmma has no scale
+// for an operand), e_c putting the row's largest |q| in [2^7, 2^8): hi keeps 4 significant bits,
+// the residual the rest of bf16's 8, exact down to e4m3's smallest subnormal 2^-9 (2^-16 of the
+// row's largest). Rows past `rows` zero. Row c's score scale, rsc = the call's x 2^e_c (NaN for a
+// row holding inf or NaN: e4m3 saturates, the reference gives NaN), and its P-exponent scale psc
+// (rsc where in (0, inf); else 1 and S^T is scaled first) go to shared memory. All 256 threads,
+// four per row.
+__device__ __forceinline__ void load_q_rows_wide_hilo(WideFp8BSmem& ss, const MlaParams& p, long long row_base,
+                                                      int rows, float scale_log2) {
+  constexpr int kP = 4, kChunks = kHeadDimQK / 8 / kP;  // threads per row, 16-byte chunks per thread
+  static_assert(kP * kBlockM == kNumThreads, "four threads per row");
+  const int c = threadIdx.x / kP, part = threadIdx.x % kP;
+  const bool valid = c < rows;
+  const uint4* src = reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(p.q) +
+                                                    (valid ? (row_base + c) * kHeadDimQK : 0));
+  uint4 v[kChunks];
+  uint32_t amax = 0;  // the largest |q| of this thread's chunks, as float bits (ordered as integers)
+#pragma unroll
+  for (int k = 0; k < kChunks; ++k) {
+    v[k] = valid ? __ldg(src + part + kP * k) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      const uint32_t x = word(v[k], w);
+      amax = max(amax, max((x & 0x7fffu) << 16, x & 0x7fff0000u));
+    }
+  }
+#pragma unroll
+  for (int m = 1; m < kP; m *= 2) amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, m));
+  const bool finite = amax < 0x7f800000u;
+  const int e = min(max((int)(amax >> 23) - 127 - 7, -126), 126);  // 2^e, 2^-e normal floats
+  if (part == 0) {
+    const float f = finite ? scale_log2 * exp2_int(e) : __int_as_float(0x7fffffff);
+    ss.rsc[c] = f;
+    ss.psc[c] = f > 0.f && f < INFINITY ? f : 1.f;
+  }
+  const float down = exp2_int(-e);
+#pragma unroll
+  for (int k = 0; k < kChunks; ++k) {
+    const int col = 8 * (part + kP * k), b = col >> 6, j0 = col & 63;  // box b, in-box bytes j0 .. j0 + 7
+    uint32_t hi[2], lo[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      uint32_t hb[2], lb[2];
+#pragma unroll
+      for (int w2 = 0; w2 < 2; ++w2) {
+        const uint32_t x = word(v[k], 2 * h + w2);
+        const float x0 = __uint_as_float(x << 16) * down, x1 = __uint_as_float(x & 0xffff0000u) * down;
+        hb[w2] = f32x2_to_e4m3x2(x0, x1);
+        const float2 hf = e4m3x2_to_f32x2(hb[w2]);
+        lb[w2] = f32x2_to_e4m3x2(x0 - hf.x, x1 - hf.y);
+      }
+      hi[h] = hb[0] | (hb[1] << 16);
+      lo[h] = lb[0] | (lb[1] << 16);
+    }
+    const int off = sw64(c, j0 >> 4) + (j0 & 15);
+    *reinterpret_cast<uint2*>(&ss.q[0][b][off]) = make_uint2(hi[0], hi[1]);
+    *reinterpret_cast<uint2*>(&ss.q[1][b][off]) = make_uint2(lo[0], lo[1]);
   }
 }
 
@@ -124,16 +192,27 @@ __device__ __forceinline__ void promote_o_wide(float (&acc)[4][32], float* po, b
 
 template <bool kTma, bool kQ8>
 __device__ void attention_wide_fp8(const MlaParams& p) {
-  static_assert(kTma && kQ8, "the wide fp8 kernel is written for TMA pages and an e4m3 query");
+  static_assert(kTma, "the wide fp8 kernel is written for TMA pages");
   // P is stored as 2^kPShift P in e4m3 (as the narrow fp8 kernels: e4m3 keeps P down to 2^-17 of
   // the row max); the row sums and O carry the factor, the row max handed to the store drops it.
   constexpr float kPShift = 8.f;
   // PV: commit groups per k-step (4 / kG tiles each), at most two in flight, so that a group's A
-  // registers are free when they are rewritten (kG 1: 2% faster than 2 at B128 H128, same run).
-  constexpr int kG = 1, kTiles = 4 / kG;
+  // registers are free when they are rewritten (kQ8: kG 1 2% faster than 2 at B128 H128, same
+  // run). A bf16 query issues two wgmmas per tile (P hi, lo): kG 2, for the registers (the A
+  // fragments of two groups in flight).
+  constexpr int kG = kQ8 ? 1 : 2, kTiles = 4 / kG;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw_addr = smem_u32(smem_raw);
-  WideFp8Smem& ss = *reinterpret_cast<WideFp8Smem*>(smem_raw + ((1024 - (raw_addr & 1023)) & 1023));
+  using Smem = std::conditional_t<kQ8, WideFp8Smem, WideFp8BSmem>;
+  uint32_t pad = (1024 - (raw_addr & 1023)) & 1023;
+  if constexpr (!kQ8) {
+    // No room for a re-alignment pad of 1 KiB (smem_size.h): the base, with no static shared
+    // memory before it, starts the CTA's shared window. Checked, never assumed: a misaligned
+    // swizzle would be silently wrong.
+    pad = (512 - (raw_addr & 511)) & 511;
+    if (pad + sizeof(Smem) > (size_t)kWideFp8BSmemBytes) __trap();
+  }
+  Smem& ss = *reinterpret_cast<Smem*>(smem_raw + pad);
 
   const int tid = threadIdx.x, tw = tid % 128, lane = tid & 31, q4 = lane & 3, r8 = lane >> 2;
   const int wg = __shfl_sync(0xffffffffu, tid / 128, 0);  // warp-uniform: wgmma under it is not serialized
@@ -155,16 +234,33 @@ __device__ void attention_wide_fp8(const MlaParams& p) {
   }
   __syncthreads();
 
-  const CtaRange cr = start_cta<kNumThreads>(p);
+  CtaRange cr;
+  if constexpr (kQ8) {
+    cr = start_cta<kNumThreads>(p);
+  } else {  // the planner's scratch in colmax (first written after the plan's last barrier)
+    static_assert(sizeof(PlanScratch<kNumThreads>) <= sizeof(ss.colmax), "the plan's scratch fits in colmax");
+    cr = start_cta<kNumThreads>(p, *reinterpret_cast<PlanScratch<kNumThreads>*>(&ss.colmax[0][0][0]));
+  }
   if (cr.group0 == cr.group_end) return;
 
   const auto [scale_log2, bmm2] = call_scales(p);
-  const float ps = p_exp_scale(scale_log2);
+  const float ps = p_exp_scale(scale_log2);  // kQ8; a bf16 query has a scale per row (psc)
   // Blocks warpgroup w consumed so far (each warpgroup counts both: PV reads the partner's
   // stage): w's j-th block is in stage 2 w + loads_w % 2, its TMA phase (loads_w / 2) % 2.
   uint32_t loads0 = 0, loads1 = 0;
-  const uint64_t dq = make_smem_desc_sw64(smem_u32(&ss.q[0][0]));
-  const uint64_t dp0 = make_smem_desc_sw64(smem_u32(ss.p[0])), dp1 = make_smem_desc_sw64(smem_u32(ss.p[1]));
+  // Q (kQ8) or Q hi; Q lo; P (kQ8) or P lo of warpgroup 0's / 1's block.
+  uint64_t dq, dql = 0, dp0, dp1;
+  if constexpr (kQ8) {
+    dq = make_smem_desc_sw64(smem_u32(&ss.q[0][0]));
+    dp0 = make_smem_desc_sw64(smem_u32(ss.p[0]));
+    dp1 = make_smem_desc_sw64(smem_u32(ss.p[1]));
+  } else {
+    // Q lo and the second P lo at fixed offsets (one add to the descriptor, no registers).
+    dq = make_smem_desc_sw64(smem_u32(&ss.q[0][0][0]));
+    dql = desc_add(dq, sizeof(ss.q[0]));
+    dp0 = make_smem_desc_sw64(smem_u32(ss.plo[0]));
+    dp1 = desc_add(dp0, sizeof(ss.plo[0]));
+  }
 
   for (int grp = cr.group0; grp < cr.group_end; ++grp) {
     const UnitWork w = unit_work(p, grp, cr.lane_m, cr.beg, cr.end);
@@ -176,12 +272,29 @@ __device__ void attention_wide_fp8(const MlaParams& p) {
 
     // Each warpgroup's first two blocks, one per stage.
     if (tw < 32) issue_first_blocks_fp8(p, ss.kv, ss.bar, bt_row, kb0, kb1, kv_len, wg, loads);
-    load_q_rows_wide(&ss.q[0][0], p, unit.q_row_base, unit.rows);
+    if constexpr (kQ8) {
+      load_q_rows_wide(&ss.q[0][0], p, unit.q_row_base, unit.rows);
+    } else {
+      load_q_rows_wide_hilo(ss, p, unit.q_row_base, unit.rows, scale_log2);
+    }
     fence_proxy_async_smem();
     __syncthreads();
+    // A bf16 query: bit 2 t + e set where this thread's column (Q row) 8 t + 2 q4 + e has a score
+    // scale outside (0, inf) (S^T scaled first, psc 1: p_exp_scale says why).
+    uint32_t pre = 0;
+    if constexpr (!kQ8) {
+#pragma unroll
+      for (int t = 0; t < 8; ++t)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float f = ss.rsc[8 * t + 2 * q4 + e];
+          pre |= (f > 0.f && f < INFINITY ? 0u : 1u) << (2 * t + e);
+        }
+    }
 
     // Row state in the scattered layout of reduce_scatter16: this lane's rows 8 r8 + 2 q4 + e.
     float m_run[2] = {kMaxInit, kMaxInit};
+    float m_prom[2] = {kMaxInit, kMaxInit};  // !kQ8: the row maxima of the last promotion (same layout)
     // Row sums in the accumulator layout (columns 8 t + 2 q4 + e at 2 t + e), partial over this
     // thread's tokens.
     float l_run[16];
@@ -203,15 +316,21 @@ __device__ void attention_wide_fp8(const MlaParams& p) {
       const uint64_t da = make_smem_desc_sw64(smem_u32(ss.kv[stage]));
 #pragma unroll
       for (int b = 0; b < kNumBoxesQK; ++b) kv_wait(bars + 8 * b, par, kSiteQkBox);
+      // A bf16 query: K Q_lo^T first, then K Q_hi^T on top, same scale, same accumulator. fp8
+      // wgmma adds each k-step with ~14 bits of the accumulator's magnitude (attention_narrow_fp8.cuh):
+      // the small lo terms first keep that loss to the 18 hi k-steps, as with an e4m3 query
+      // (hi first: lse errors 1.3x the bound in test_fp8_max_moves_late, logits up to 3x).
       wgmma_fence();
-      wgmma_m64n64k32_e4m3_ss_first(st, da, dq);
+      wgmma_m64n64k32_e4m3_ss_first(st, da, kQ8 ? dq : dql);
 #pragma unroll
-      for (int b = 0; b < kNumBoxesQK; ++b)
+      for (int h = kQ8 ? 1 : 0; h < 2; ++h)  // 0: Q lo, 1: Q (hi)
 #pragma unroll
-        for (int u = 0; u < 2; ++u)
-          if (b + u > 0)
-            WgmmaSsE4m3<kBlockM>::mma(st, desc_add(da, b * kFp8BoxBytes + kFp8KStepBytes * u),
-                                      desc_add(dq, b * kFp8BoxBytes + kFp8KStepBytes * u), 1);
+        for (int b = 0; b < kNumBoxesQK; ++b)
+#pragma unroll
+          for (int u = 0; u < 2; ++u)
+            if (b + u > 0 || h != (kQ8 ? 1 : 0))
+              WgmmaSsE4m3<kBlockM>::mma(st, desc_add(da, b * kFp8BoxBytes + kFp8KStepBytes * u),
+                                        desc_add(h ? dq : dql, b * kFp8BoxBytes + kFp8KStepBytes * u), 1);
       wgmma_commit();
     };
     // The unit's blocks in chains of kPromoteBlocks (fp8 wgmma accumulation, attention_narrow_fp8.cuh),
@@ -242,9 +361,21 @@ __device__ void attention_wide_fp8(const MlaParams& p) {
         if (has) {
           const int tok_a = kb * kBlockN + r_a, tok_b = kb * kBlockN + r_b;
           const bool masked = (kb + 1) * kBlockN > lim_min;  // warpgroup-uniform
-          if (ps != scale_log2) {
+          if constexpr (kQ8) {
+            if (ps != scale_log2) {
 #pragma unroll
-            for (int j = 0; j < 32; ++j) st[j] *= scale_log2;
+              for (int j = 0; j < 32; ++j) st[j] *= scale_log2;
+            }
+          } else if (pre != 0) {
+#pragma unroll
+            for (int t = 0; t < 8; ++t)
+#pragma unroll
+              for (int e = 0; e < 2; ++e)
+                if ((pre >> (2 * t + e)) & 1u) {
+                  const float f = ss.rsc[8 * t + 2 * q4 + e];
+                  st[4 * t + e] *= f;
+                  st[4 * t + 2 + e] *= f;
+                }
           }
 #pragma unroll
           for (int t = 0; t < 8; ++t)
@@ -261,7 +392,9 @@ __device__ void attention_wide_fp8(const MlaParams& p) {
             }
           float part[2];
           reduce_scatter16(cm, part, FMax{});
-          *reinterpret_cast<float2*>(&ss.colmax[wg][warp][8 * r8 + 2 * q4]) = make_float2(part[0] * ps, part[1] * ps);
+          float2 psr = make_float2(ps, ps);  // the scattered columns' P scales
+          if constexpr (!kQ8) psr = *reinterpret_cast<const float2*>(&ss.psc[8 * r8 + 2 * q4]);
+          *reinterpret_cast<float2*>(&ss.colmax[wg][warp][8 * r8 + 2 * q4]) = make_float2(part[0] * psr.x, part[1] * psr.y);
         } else {
           *reinterpret_cast<float2*>(&ss.colmax[wg][warp][8 * r8 + 2 * q4]) = make_float2(-INFINITY, -INFINITY);
         }
@@ -296,18 +429,34 @@ __device__ void attention_wide_fp8(const MlaParams& p) {
           for (int j = 0; j < 16; ++j) l_run[j] *= sc[j];
         }
         if (has) {
-          uint8_t* pbuf = ss.p[wg];
+          // P (kQ8), or P hi into box 8 of the block's stage (its QK^T is done) and P lo.
+          uint8_t* pbuf;
+          if constexpr (kQ8) {
+            pbuf = ss.p[wg];
+          } else {
+            pbuf = ss.kv[stage] + (kNumBoxesQK - 1) * kFp8BoxBytes;
+          }
 #pragma unroll
-          for (int t = 0; t < 8; ++t)
+          for (int t = 0; t < 8; ++t) {
+            float2 pst = make_float2(ps, ps);  // columns 8 t + 2 q4 + {0, 1}: P's scales
+            if constexpr (!kQ8) pst = *reinterpret_cast<const float2*>(&ss.psc[8 * t + 2 * q4]);
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
               const int c = 8 * t + 2 * q4 + e;
-              const float pa = exp2_approx(fmaf(st[4 * t + e], ps, nb[2 * t + e]));
-              const float pb = exp2_approx(fmaf(st[4 * t + 2 + e], ps, nb[2 * t + e]));
+              const float pse = e == 0 ? pst.x : pst.y;
+              const float pa = exp2_approx(fmaf(st[4 * t + e], pse, nb[2 * t + e]));
+              const float pb = exp2_approx(fmaf(st[4 * t + 2 + e], pse, nb[2 * t + e]));
               l_run[2 * t + e] += pa + pb;  // from P before rounding
               // Tokens r_a, r_b at positions 16 warp + 2 r8 + {0, 1} (narrow fp8 header).
-              *reinterpret_cast<uint16_t*>(pbuf + sw64(c, warp) + 2 * r8) = (uint16_t)f32x2_to_e4m3x2(pa, pb);
+              const uint32_t hi = f32x2_to_e4m3x2(pa, pb);
+              *reinterpret_cast<uint16_t*>(pbuf + sw64(c, warp) + 2 * r8) = (uint16_t)hi;
+              if constexpr (!kQ8) {  // P lo: the rounding error of hi, same scale (4 + 4 significant bits)
+                const float2 h = e4m3x2_to_f32x2(hi);
+                *reinterpret_cast<uint16_t*>(ss.plo[wg] + sw64(c, warp) + 2 * r8) =
+                    (uint16_t)f32x2_to_e4m3x2(pa - h.x, pb - h.y);
+              }
             }
+          }
           // Token rows past kv_len hold anything (NaN included) and P = 0 does not cancel 0 * NaN:
           // the last block's V bytes there are zeroed (QK^T is done with the stage).
           if ((kb + 1) * kBlockN > kv_len) zero_v_rows_fp8(ss.kv[stage], kv_len - kb * kBlockN, tw);
@@ -324,7 +473,9 @@ __device__ void attention_wide_fp8(const MlaParams& p) {
         for (int blk = 0; blk < 2; ++blk) {
           if (blk == 1 && !has1) break;
           const uint32_t vbase = smem_u32(ss.kv[blk == 0 ? stage0 : stage1]);
-          const uint64_t dp = blk == 0 ? dp0 : dp1;
+          const uint64_t dp = blk == 0 ? dp0 : dp1;  // P (kQ8) or P lo
+          // !kQ8: P hi in the stage's box 8.
+          const uint64_t dph = kQ8 ? 0 : make_smem_desc_sw64(vbase + (kNumBoxesQK - 1) * kFp8BoxBytes);
 #pragma unroll
           for (int s = 0; s < 2; ++s)
 #pragma unroll
@@ -336,16 +487,25 @@ __device__ void attention_wide_fp8(const MlaParams& p) {
                 v_fragment(vbase + voff[kTiles * g + x] + s * 32 * kBoxCols, a[x]);
               }
               wgmma_fence();
+              if constexpr (!kQ8) {
+#pragma unroll
+                for (int x = 0; x < kTiles; ++x)
+                  WgmmaRsE4m3<kBlockM>::mma(acc[kTiles * g + x], a[x], desc_add(dph, s * kFp8KStepBytes));
+              }
 #pragma unroll
               for (int x = 0; x < kTiles; ++x)
                 WgmmaRsE4m3<kBlockM>::mma(acc[kTiles * g + x], a[x], desc_add(dp, s * kFp8KStepBytes));
               wgmma_commit();
             }
         }
-        // PV reads the stages only by ldmatrix (P comes from sP): once issued, this thread is done
-        // with both blocks. The owner's warp 0 refills its stage when all 256 threads are.
-        mbar_arrive(smem_u32(&ss.vfree[stage0]));
-        if (has1) mbar_arrive(smem_u32(&ss.vfree[stage1]));
+        // kQ8: PV reads the stages only by ldmatrix (P comes from sP): once issued, this thread is
+        // done with both blocks. The owner's warp 0 refills its stage when all 256 threads are.
+        // A bf16 query's P hi is in the stages: they are free when this thread's PV has retired.
+        auto release_stages = [&] {
+          mbar_arrive(smem_u32(&ss.vfree[stage0]));
+          if (has1) mbar_arrive(smem_u32(&ss.vfree[stage1]));
+        };
+        if constexpr (kQ8) release_stages();
         tl_mark(kTlNPvIssued, mine);
         // The next pair's QK^T goes behind this PV, within the chain.
         const bool next = kb + 2 < c1;
@@ -360,9 +520,17 @@ __device__ void attention_wide_fp8(const MlaParams& p) {
         if (next) {
           const uint32_t nl = mine + 1;
           issue_qk(2 * wg + (nl & 1), (nl >> 1) & 1);
+          if constexpr (!kQ8) {
+            wgmma_wait<1>();  // the PV groups (the QK^T group is the newest)
+            release_stages();
+          }
           if (tw < 32) refill_stage();
           wgmma_wait<0>();
         } else {  // a refill only at a chain's end (else it would be block kb + 4 > kb + 2)
+          if constexpr (!kQ8) {
+            wgmma_wait<0>();
+            release_stages();
+          }
           if (tw < 32 && has) refill_stage();
           wgmma_wait<0>();
         }
@@ -378,9 +546,15 @@ __device__ void attention_wide_fp8(const MlaParams& p) {
         // the other buffer (warp 0 of warpgroup 0; every thread read the older ones before: the
         // pairs between two promotions have CTA barriers).
         const int n = (c1 - kb0) / kPromoteBlocks - 1;
-        const float2 mp = *reinterpret_cast<const float2*>(&ss.m_prom[(n + 1) & 1][8 * r8 + 2 * q4]);
-        promote_o_wide<true>(acc, unit_slot_o(p, cr, grp), n > 0, {mp.x, mp.y}, m_run);
-        if (wg == 0 && warp == 0) *reinterpret_cast<float2*>(&ss.m_prom[n & 1][8 * r8 + 2 * q4]) = make_float2(m_run[0], m_run[1]);
+        if constexpr (kQ8) {
+          const float2 mp = *reinterpret_cast<const float2*>(&ss.m_prom[(n + 1) & 1][8 * r8 + 2 * q4]);
+          promote_o_wide<true>(acc, unit_slot_o(p, cr, grp), n > 0, {mp.x, mp.y}, m_run);
+          if (wg == 0 && warp == 0) *reinterpret_cast<float2*>(&ss.m_prom[n & 1][8 * r8 + 2 * q4]) = make_float2(m_run[0], m_run[1]);
+        } else {  // every lane holds its rows' maxima itself (the scattered layout is per warp)
+          promote_o_wide<true>(acc, unit_slot_o(p, cr, grp), n > 0, m_prom, m_run);
+          m_prom[0] = m_run[0];
+          m_prom[1] = m_run[1];
+        }
       }
     }
 
@@ -389,9 +563,26 @@ __device__ void attention_wide_fp8(const MlaParams& p) {
       float part[2];
       reduce_scatter16(l_run, part, FAdd{});
       *reinterpret_cast<float2*>(&ss.colmax[wg][warp][8 * r8 + 2 * q4]) = make_float2(part[0], part[1]);
-      if (wg == 0 && warp == 0) *reinterpret_cast<float2*>(&ss.m[8 * r8 + 2 * q4]) = make_float2(m_run[0], m_run[1]);
+      if constexpr (kQ8)
+        if (wg == 0 && warp == 0) *reinterpret_cast<float2*>(&ss.m[8 * r8 + 2 * q4]) = make_float2(m_run[0], m_run[1]);
+    }
+    // !kQ8: row c's max from the lane of this warp that holds it (lane 4 (c / 8) + (c % 8) / 2,
+    // entry c % 2 of the scattered layout), before the divergent branch below.
+    float m_c = 0.f;
+    if constexpr (!kQ8) {
+      const int c = tid % kBlockM, src = 4 * (c / 8) + (c % 8) / 2;
+      const float m0 = __shfl_sync(0xffffffffu, m_run[0], src), m1 = __shfl_sync(0xffffffffu, m_run[1], src);
+      m_c = (c & 1) ? m1 : m0;
     }
     __syncthreads();
+    // The output factors: fin (kQ8), or plo[0] (every PV has retired: each thread waited for its
+    // own before the barrier above).
+    float* fin;
+    if constexpr (kQ8) {
+      fin = ss.fin;
+    } else {
+      fin = reinterpret_cast<float*>(ss.plo[0]);
+    }
     // Row c (one thread each): its output factor, and its LSE (split: the partial's).
     const int slot = partial_slot(p, cr.set, grp, cr.lane_m);
     if (tid < kBlockM) {
@@ -399,7 +590,12 @@ __device__ void attention_wide_fp8(const MlaParams& p) {
       float tot = 0.f;
 #pragma unroll
       for (int x = 0; x < 8; ++x) tot += ss.colmax[x / 4][x % 4][c];
-      const float m = ss.m[c] - kPShift;
+      float m;
+      if constexpr (kQ8) {
+        m = ss.m[c] - kPShift;
+      } else {
+        m = m_c - kPShift;
+      }
       const bool seen = tot > 0.f && m != -INFINITY;
       const float lse = seen ? m + log2f(tot) : -INFINITY;
       float f = seen ? 1.f / tot : 0.f;
@@ -410,15 +606,19 @@ __device__ void attention_wide_fp8(const MlaParams& p) {
         f *= fr.scale;
         if (p.lse != nullptr && c < unit.rows) p.lse[unit.q_row_base + c] = fr.lse;
       }
-      ss.fin[c] = f;
+      fin[c] = f;
     }
     __syncthreads();
     // The promoted chains back in (each thread reads only what it wrote). A split partial goes
     // into the same slot as bf16 rows (partial_row), over other threads' fp32: all read first.
     if (kb1 - kb0 > kPromoteBlocks) {  // promoted at least once (CTA-uniform): the last was n
       const int n = (kb1 - kb0 - 1) / kPromoteBlocks - 1;
-      const float2 mp = *reinterpret_cast<const float2*>(&ss.m_prom[n & 1][8 * r8 + 2 * q4]);
-      promote_o_wide<false>(acc, unit_slot_o(p, cr, grp), true, {mp.x, mp.y}, m_run);
+      if constexpr (kQ8) {
+        const float2 mp = *reinterpret_cast<const float2*>(&ss.m_prom[n & 1][8 * r8 + 2 * q4]);
+        promote_o_wide<false>(acc, unit_slot_o(p, cr, grp), true, {mp.x, mp.y}, m_run);
+      } else {
+        promote_o_wide<false>(acc, unit_slot_o(p, cr, grp), true, m_prom, m_run);
+      }
       if (w.split) __syncthreads();
     }
     // acc[i][4 t + e]: row c = 8 t + 2 q4 + (e & 1), V column v0 + (e >> 1): one pair per row.
@@ -429,7 +629,7 @@ __device__ void attention_wide_fp8(const MlaParams& p) {
       for (int e = 0; e < 2; ++e) {
         const int c = 8 * t + 2 * q4 + e;
         if (c >= unit.rows) continue;
-        const float f = ss.fin[c];
+        const float f = fin[c];
         if (w.split) {
           __nv_bfloat16* po = partial_row(p, slot, c) + v0;
 #pragma unroll
@@ -443,7 +643,7 @@ __device__ void attention_wide_fp8(const MlaParams& p) {
         }
       }
     // The next unit reuses Q (its generic writes come after this unit's wgmma reads), colmax, m
-    // and fin.
+    // and fin (!kQ8: psc, rsc and plo).
     fence_proxy_async_smem();
     __syncthreads();
   }

@@ -54,14 +54,21 @@ __device__ __forceinline__ float p_exp_scale(float scale_log2) { return scale_lo
 // the previous call still reading the workspace) may be touched before the PDL wait; then the
 // next kernel may launch (it waits for our completion before it reads anything), this CTA plans
 // the call's splits (as every CTA does) and takes its share.
+// scratch: the planner's shared memory (free again when this returns).
 template <int kThreads>
-__device__ __forceinline__ CtaRange start_cta(const MlaParams& p) {
+__device__ __forceinline__ CtaRange start_cta(const MlaParams& p, PlanScratch<kThreads>& scratch) {
   pdl_wait_primary();
   trace_mark(kMarkReady);
   pdl_launch_dependents();
-  plan_splits<kThreads>(p);
+  plan_splits<kThreads>(p, scratch);
   trace_mark(kMarkPlanned);
   return cta_range(p);
+}
+// With the planner's scratch in static shared memory.
+template <int kThreads>
+__device__ __forceinline__ CtaRange start_cta(const MlaParams& p) {
+  __shared__ PlanScratch<kThreads> scratch;
+  return start_cta<kThreads>(p, scratch);
 }
 
 // One unit of a group, as a CTA of set `set` (lane lane_m) runs it.

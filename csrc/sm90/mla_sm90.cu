@@ -63,3 +63,5 @@ MLA_ATTENTION_KERNEL(mla_sm90_attention_narrow16_fp8q_any, jit_mla::sm90::attent
 MLA_ATTENTION_KERNEL(mla_sm90_attention_narrow32_fp8q_any, jit_mla::sm90::attention_narrow_fp8<32, false, true>)
 // e4m3 query and cache, units of 64 rows (H 64 / 128, MTP, ragged: more than 32 rows), TMA pages.
 MLA_ATTENTION_KERNEL(mla_sm90_attention_wide_fp8q, jit_mla::sm90::attention_wide_fp8<true, true>)
+// fp8 cache, bf16 query, the same 64-row units (Q and P as hi + lo e4m3 rows), TMA pages.
+MLA_ATTENTION_KERNEL(mla_sm90_attention_wide_fp8, jit_mla::sm90::attention_wide_fp8<true, false>)

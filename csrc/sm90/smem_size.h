@@ -1,6 +1,7 @@
 // Shared-memory layout of the sm_90a attention kernel; host-visible so the launcher can raise
 // the kernel's dynamic shared-memory limit to exactly what it uses.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 
 #include "../config.h"
@@ -97,6 +98,28 @@ struct WideFp8Smem {
 };
 constexpr int kWideFp8SmemBytes = (int)sizeof(WideFp8Smem) + 1024;
 static_assert(kWideFp8SmemBytes + 128 <= 227 * 1024, "shared memory over the sm_90 per-block limit");
+
+// The wide fp8 kernel with a bf16 query (mode 1): Q as hi + lo e4m3 rows (two sets of 9 boxes) and
+// P as hi + lo. Four stages still fit, just: P hi goes into box 8 (K's rope part) of its block's
+// stage, free once that block's QK^T is done (PV reads boxes 0-7); P lo has its own boxes. The
+// running max of the promoted O^T stays in registers, the end-of-unit row max is shuffled, the
+// output factors go into plo after the last PV, and the planner's scratch is lent from colmax
+// (start_cta): no static shared memory, no 1 KiB re-alignment pad; the kernel checks that the
+// dynamic base is 512-byte aligned (the 64B swizzle's atom) within the 192 bytes to spare.
+struct WideFp8BSmem {
+  uint8_t kv[4][kFp8TileBytes];                // as WideFp8Smem; box 8 holds P hi after QK^T
+  uint8_t q[2][kNumBoxesQK][kFp8BoxBytes];     // Q hi rows, then lo rows: 9 boxes of (64, 64) each
+  uint8_t plo[2][kFp8BoxBytes];                // warpgroup w's block's P lo (same scale as hi)
+  float colmax[2][4][kBlockM];                 // as WideFp8Smem
+  float psc[kBlockM];                          // row c's scale in P's exponent (1: scaled first)
+  float rsc[kBlockM];                          // row c's score scale (call scale x 2^qexp; NaN: Q not finite)
+  uint64_t bar[4][kNumBoxesQK];                // TMA mbarriers: [stage][box]
+  uint64_t vfree[4];                           // per stage: both warpgroups' PV of its block retired
+};
+constexpr int kSmemOptin = 227 * 1024;  // sm_90's per-block limit (static + dynamic)
+constexpr int kWideFp8BSmemBytes = kSmemOptin;
+static_assert(sizeof(WideFp8BSmem) <= kSmemOptin, "shared memory over the sm_90 per-block limit");
+static_assert(offsetof(WideFp8BSmem, colmax) % 512 == 0, "the swizzled tiles are whole 512-byte atoms");
 
 // The end of a unit merges the two warpgroups' O (kN rows, 512) fp32, each in its own stage, rows
 // kMergeStride floats apart (8 more than 512: the float2 reads of 8 rows then hit 8 bank groups;
