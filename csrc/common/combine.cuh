@@ -236,11 +236,12 @@ __device__ __forceinline__ void combine_splits(const MlaParams& p) {
     const bool new_row = r != cur_row;
     if (new_row) __syncwarp();  // weight of the previous row no longer read
     cur_row = r;
+    // Item's columns: chunk item % per_row of kHeadDimV / per_row.
+    const int col0 = (int)(item % per_row) * (kHeadDimV / per_row);
     if (per_row == 4)
-      combine_cols<1, 4>(p, unit, slots, weight, n, r, (int)(item % 4) * 128, new_row, &lse, bmm2);
+      combine_cols<1, 4>(p, unit, slots, weight, n, r, col0, new_row, &lse, bmm2);
     else if (per_row == kCombineChunks)
-      combine_cols<1, 8>(p, unit, slots, weight, n, r, (int)(item % per_row) * kCombineCols, new_row,
-                         &lse, bmm2);
+      combine_cols<1, 8>(p, unit, slots, weight, n, r, col0, new_row, &lse, bmm2);
     else
       combine_cols<kCombineChunks, 8>(p, unit, slots, weight, n, r, 0, new_row, &lse, bmm2);
   }
