@@ -25,8 +25,8 @@ fi
 
 # [B-q-H-page-kind-ragged: uniform page 64; uniform q2 page 1; ragged page 1 with sinks; ragged
 # page 64 (B 3); an fp8 cache of page 8 (the narrow fp8 kernel, 8 TMA chunks per block) and of
-# page 1 (its cp.async twin); fp8 at H 128: uniform q2 page 32 (bf16 query: 32-row units, four
-# CTAs side by side; e4m3 query: the wide kernel, 64-row units), ragged page 1; the bf16 narrow
+# page 1 (its cp.async twin); fp8 at H 128: uniform q2 page 32 (the wide kernels, 64-row units,
+# with either query), ragged page 1 (32-row units, four CTAs side by side); the bf16 narrow
 # kernel at 32 rows (q8 H3); plus the zero-length (padded slot) test; the fp8 cases run with a
 # bf16 and with an e4m3 query (the _fp8q kernels).
 k_default='[1-1-16-64-short-False or [8-2-16-1-short-False or 128-1-short-True'

@@ -419,8 +419,8 @@ def _valid_variants() -> list[tuple[str, Callable[[], dict[str, Any]]]]:
         ("kv-4d", with_(key_cache=lambda a: a["key_cache"][:, None], value_cache=lambda a: a["key_cache"][:, None])),
         ("kv-pool-view", with_(**kv(pool()))),
         ("kv-page-size-1", with_(**kv(torch.zeros(PAGES * PAGE, 1, D_QK, dtype=BF16)))),
-        # fp8 takes every query layout (the narrow kernels, 32-row units beyond 32 rows; an e4m3
-        # query beyond 32 rows with TMA pages: the wide kernel)
+        # fp8 takes every query layout (the narrow kernels; beyond 32 rows with TMA pages the wide
+        # kernels, else 32-row units)
         ("kv-fp8-ragged", with_(ragged=True, **kv(torch.zeros(PAGES, PAGE, D_QK).to(torch.float8_e4m3fn)))),
         ("kv-fp8-query-fp8", with_(query=lambda a: a["query"].to(torch.float8_e4m3fn),
                                    **kv(torch.zeros(PAGES, PAGE, D_QK).to(torch.float8_e4m3fn)))),

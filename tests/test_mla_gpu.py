@@ -130,8 +130,8 @@ def test_matrix(B, q_len, H, page, kind, ragged, extra):
 
 
 # fp8 e4m3 KV cache with a bf16 query: the narrow kernels (TMA page sizes, and others by
-# cp.async), requests of more than 32 rows (H 64 / 128, MTP, ragged) as 32-row units side by
-# side (with an e4m3 query and TMA pages: the wide kernel's 64-row units). The kernel multiplies K in e4m3 against Q split into two e4m3 parts per row (exact for
+# cp.async); requests of more than 32 rows (H 64 / 128, MTP, ragged) on the wide kernel's 64-row
+# units with TMA pages, else as 32-row units side by side. The kernel multiplies K in e4m3 against Q split into two e4m3 parts per row (exact for
 # every bf16 element within ~2^13 of its row's largest), and V in e4m3 against P kept to bf16's
 # precision as two e4m3 parts (hi + lo), so the reference on the upcast cache and the bf16
 # tolerance hold as they are.
@@ -151,8 +151,8 @@ FP8_MATRIX = [
     (64, 1, 16, 24, "short", {"tensor_scales": True}),
     (3, 1, 32, 100, "long", {"cache_4d": True, "pool_padding": 8}),
     (300, 2, 16, 1, "uniform", {}),  # many units per CTA: the stages' parity across units
-    # more than 32 rows per request: 32-row units, 4 per token side by side at H 128 (e4m3 query
-    # with TMA pages: the wide kernel, 64-row units)
+    # more than 32 rows per request: the wide kernels (64-row units) with TMA pages, else 32-row
+    # units, 4 per token side by side at H 128
     (64, 1, 128, 64, "mixed", {}),
     (1, 1, 128, 64, "long", {"sinks": True}),
     (8, 2, 128, 32, "mixed", {"tensor_scales": True, "cache_4d": True}),
