@@ -23,11 +23,15 @@ namespace jit_mla {
 template <int NT>
 struct PlanScratch {
   long long warp[NT / 32];
+  int count[NT / 32];
   int cost_min, cost_max;
 };
 
 // Exclusive block-wide scan of one int64 per thread (NT threads); returns the thread's prefix,
-// *total the sum. s_warp: NT / 32 values of shared scratch.
+// *total the sum. s_warp: NT / 32 values of shared scratch. The planner is a serial chain in each
+// warp (perf-notes, Session 14: ~1 µs per step), so the warp totals are summed by every thread
+// from shared memory (NT / 32 independent loads) rather than scanned by warp 0 behind one more
+// barrier.
 template <int NT>
 __device__ __forceinline__ long long block_exclusive_scan(long long v, long long* total, long long* s_warp) {
   static_assert(NT % 32 == 0 && NT <= 1024, "whole warps, at most 32 of them");
@@ -40,20 +44,37 @@ __device__ __forceinline__ long long block_exclusive_scan(long long v, long long
   }
   if (lane == 31) s_warp[warp] = x;
   __syncthreads();
-  if (warp == 0) {
-    long long w = lane < NT / 32 ? s_warp[lane] : 0;
+  long long base = 0, sum = 0;
 #pragma unroll
-    for (int d = 1; d < 32; d <<= 1) {
-      const long long y = __shfl_up_sync(0xffffffffu, w, d);
-      if (lane >= d) w += y;
-    }
-    if (lane < NT / 32) s_warp[lane] = w;  // inclusive warp totals
+  for (int w = 0; w < NT / 32; ++w) {
+    const long long t = s_warp[w];
+    base += w < warp ? t : 0;
+    sum += t;
   }
-  __syncthreads();
-  const long long warp_base = warp > 0 ? s_warp[warp - 1] : 0;
-  *total = s_warp[NT / 32 - 1];
+  *total = sum;
   __syncthreads();  // s_warp is reused by the next scan
-  return warp_base + x - v;
+  return base + x - v;
+}
+
+// Exclusive block-wide count of the threads with `flag` set (NT threads), as the scan above with
+// a ballot in place of the warp's shuffles; *total the count. s_count: NT / 32 ints of scratch.
+template <int NT>
+__device__ __forceinline__ int block_exclusive_count(bool flag, int* total, int* s_count) {
+  static_assert(NT % 32 == 0 && NT <= 1024, "whole warps, at most 32 of them");
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const unsigned m = __ballot_sync(0xffffffffu, flag);
+  if (lane == 0) s_count[warp] = __popc(m);
+  __syncthreads();
+  int base = 0, sum = 0;
+#pragma unroll
+  for (int w = 0; w < NT / 32; ++w) {
+    const int t = s_count[w];
+    base += w < warp ? t : 0;
+    sum += t;
+  }
+  *total = sum;
+  __syncthreads();  // s_count is reused by the next count
+  return base + __popc(m & ((1u << lane) - 1));
 }
 
 template <int NT>
@@ -71,7 +92,12 @@ __device__ void plan_splits(const MlaParams& p, PlanScratch<NT>& scratch) {
 
   // 1. group_prefix[b]: first group of request b. Each thread scans a contiguous chunk serially.
   int num_groups;
-  {
+  if (p.cum_q == nullptr) {
+    // A uniform q_len: every request has the same number of groups, no scan.
+    const long long ng = request_num_groups(p, 0);
+    for (int b = tid; b <= B; b += NT) p.group_prefix[b] = (int)min(b * ng, (long long)p.max_groups);
+    num_groups = (int)min(B * ng, (long long)p.max_groups);
+  } else {
     const int chunk = (B + NT - 1) / NT;
     const int b0 = min(B, tid * chunk), b1 = min(B, b0 + chunk);
     long long local = 0;
@@ -176,8 +202,8 @@ __device__ void plan_splits(const MlaParams& p, PlanScratch<NT>& scratch) {
         first_cut = cur.block > 0 && !(prev.group == cur.group && prev.block > 0);
         group = cur.group;
       }
-      long long count;
-      const long long idx = block_exclusive_scan<NT>(first_cut ? 1 : 0, &count, scratch.warp);
+      int count;
+      const int idx = block_exclusive_count<NT>(first_cut, &count, scratch.count);
       if (first_cut) {
         p.split_groups[1 + 2 * (listed + idx)] = group;
         p.split_groups[2 + 2 * (listed + idx)] = s - 1;

@@ -340,7 +340,9 @@ __device__ __forceinline__ void issue_kv_fp8_cp(const MlaParams& p, uint32_t sta
     src += (long long)page * p.kv_page_stride + (long long)page_row(block * kBlockN + t, p.page_size) * p.kv_row_stride;
   // In-box destinations in the 64B swizzle (the layout TMA writes and the wgmmas read).
   const uint32_t dst0 = stage + sw64(t, off0 >> 4), dst1 = stage + sw64(t, off1 >> 4);
-#pragma unroll
+  // Rolled: unrolled, ptxas 13.0 put `stage` in a uniform register and emitted LDGSTS [R+UR],
+  // an illegal instruction on the H200 (with the plan-cheap-scans planner).
+#pragma unroll 1
   for (int j = 0; j < 18; ++j) {
     const int off = (j & 1) ? off1 : off0;
     cp_async_16_evict_first(((j & 1) ? dst1 : dst0) + (j >> 1) * kFp8BoxBytes, src + 32 * (j & ~1) + off, valid,
