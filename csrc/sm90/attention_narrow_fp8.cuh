@@ -227,6 +227,54 @@ constexpr float kQLoScale = 16.f;
 // gives NaN there).
 constexpr int kQexpNonFinite = 1 << 30;
 
+// A bf16 query row's chunks for this thread (kP consecutive lanes per row, kChunks 16-byte chunks
+// each: chunk part + kP k) into v, zero for a row past the request's (!valid); returns the row's
+// largest |q| as float bits (ordered as integers: >= 0x7f800000 for inf or NaN).
+template <int kP, int kChunks>
+__device__ __forceinline__ uint32_t load_q_row_bf16(const uint4* src, int part, bool valid, uint4 (&v)[kChunks]) {
+  uint32_t amax = 0;  // the largest |q| of this thread's chunks, as float bits (ordered as integers)
+#pragma unroll
+  for (int k = 0; k < kChunks; ++k) {
+    v[k] = valid ? __ldg(src + part + kP * k) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      const uint32_t x = word(v[k], w);
+      amax = max(amax, max((x & 0x7fffu) << 16, x & 0x7fff0000u));
+    }
+  }
+#pragma unroll
+  for (int m = 1; m < kP; m *= 2) amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, m));
+  return amax;
+}
+
+// e = floor(log2 max|q|) - 7 from the row's largest |q| (float bits): the largest lands in
+// [2^7, 2^8). Clamped so that 2^e and 2^-e are normal floats (an all-zero row: any e).
+__device__ __forceinline__ int q_row_exponent(uint32_t amax) {
+  return min(max((int)(amax >> 23) - 127 - 7, -126), 126);
+}
+
+// One 16-byte chunk (8 bf16) times `down` -> 8 e4m3 hi bytes and 8 lo bytes, lo = e4m3(lo_scale
+// (x - hi)).
+__device__ __forceinline__ void split_e4m3_hilo(const uint4& v, float down, float lo_scale, uint2& hi, uint2& lo) {
+  uint32_t h2[2], l2[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    uint32_t hb[2], lb[2];
+#pragma unroll
+    for (int w2 = 0; w2 < 2; ++w2) {
+      const uint32_t x = word(v, 2 * h + w2);
+      const float x0 = __uint_as_float(x << 16) * down, x1 = __uint_as_float(x & 0xffff0000u) * down;
+      hb[w2] = f32x2_to_e4m3x2(x0, x1);
+      const float2 hf = e4m3x2_to_f32x2(hb[w2]);
+      lb[w2] = f32x2_to_e4m3x2((x0 - hf.x) * lo_scale, (x1 - hf.y) * lo_scale);
+    }
+    h2[h] = hb[0] | (hb[1] << 16);
+    l2[h] = lb[0] | (lb[1] << 16);
+  }
+  hi = make_uint2(h2[0], h2[1]);
+  lo = make_uint2(l2[0], l2[1]);
+}
+
 // Q rows [row_base, row_base + rows) -> sQ as (2 kN rows: hi rows 0..kN-1, lo rows kN..2kN-1,
 // 576) e4m3, 9 boxes of (2 kN, 64) bytes in the 64B swizzle; rows past `rows` zero. Each
 // warpgroup finds e_c of every row itself (into its own qexp row, read only by its own threads)
@@ -254,22 +302,9 @@ __device__ __forceinline__ void load_q_rows_e4m3(uint8_t* sQ, int* qexp, const M
   const uint4* src = reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(p.q) +
                                                     (valid ? (row_base + c) * kHeadDimQK : 0));
   uint4 v[kChunks];
-  uint32_t amax = 0;  // the largest |q| of this thread's chunks, as float bits (ordered as integers)
-#pragma unroll
-  for (int k = 0; k < kChunks; ++k) {
-    v[k] = valid ? __ldg(src + part + kP * k) : make_uint4(0, 0, 0, 0);
-#pragma unroll
-    for (int w = 0; w < 4; ++w) {
-      const uint32_t x = word(v[k], w);
-      amax = max(amax, max((x & 0x7fffu) << 16, x & 0x7fff0000u));
-    }
-  }
-#pragma unroll
-  for (int m = 1; m < kP; m *= 2) amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, m));
-  // e = floor(log2 max|q|) - 7: the largest lands in [2^7, 2^8). Clamped so that 2^e and 2^-e are
-  // normal floats (an all-zero row: any e).
+  const uint32_t amax = load_q_row_bf16<kP>(src, part, valid, v);
   const bool finite = amax < 0x7f800000u;
-  const int e = min(max((int)(amax >> 23) - 127 - 7, -126), 126);
+  const int e = q_row_exponent(amax);
   if (part == 0) qexp[c] = finite ? e : kQexpNonFinite;
   if (c / (kN / 2) != wg) return;  // the other warpgroup stores this row (warp-uniform)
   const float down = exp2_int(-e);
@@ -277,25 +312,12 @@ __device__ __forceinline__ void load_q_rows_e4m3(uint8_t* sQ, int* qexp, const M
   for (int k = 0; k < kChunks; ++k) {
     // Chunk part + kP k: columns 8 (part + kP k) + [0, 8) = box b, in-box bytes j0 .. j0 + 7.
     const int col = 8 * (part + kP * k), b = col >> 6, j0 = col & 63;
-    uint32_t hi[2], lo[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      uint32_t hb[2], lb[2];
-#pragma unroll
-      for (int w2 = 0; w2 < 2; ++w2) {
-        const uint32_t x = word(v[k], 2 * h + w2);
-        const float x0 = __uint_as_float(x << 16) * down, x1 = __uint_as_float(x & 0xffff0000u) * down;
-        hb[w2] = f32x2_to_e4m3x2(x0, x1);
-        const float2 hf = e4m3x2_to_f32x2(hb[w2]);
-        lb[w2] = f32x2_to_e4m3x2((x0 - hf.x) * kQLoScale, (x1 - hf.y) * kQLoScale);
-      }
-      hi[h] = hb[0] | (hb[1] << 16);
-      lo[h] = lb[0] | (lb[1] << 16);
-    }
+    uint2 hi, lo;
+    split_e4m3_hilo(v[k], down, kQLoScale, hi, lo);
     uint8_t* box = sQ + b * kFp8QBoxBytes<kN>;
     const int in_chunk = j0 & 15;
-    *reinterpret_cast<uint2*>(box + sw64(c, j0 >> 4) + in_chunk) = make_uint2(hi[0], hi[1]);
-    *reinterpret_cast<uint2*>(box + sw64(kN + c, j0 >> 4) + in_chunk) = make_uint2(lo[0], lo[1]);
+    *reinterpret_cast<uint2*>(box + sw64(c, j0 >> 4) + in_chunk) = hi;
+    *reinterpret_cast<uint2*>(box + sw64(kN + c, j0 >> 4) + in_chunk) = lo;
   }
 }
 

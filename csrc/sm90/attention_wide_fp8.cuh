@@ -82,20 +82,9 @@ __device__ __forceinline__ void load_q_rows_wide_hilo(WideFp8BSmem& ss, const Ml
   const uint4* src = reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(p.q) +
                                                     (valid ? (row_base + c) * kHeadDimQK : 0));
   uint4 v[kChunks];
-  uint32_t amax = 0;  // the largest |q| of this thread's chunks, as float bits (ordered as integers)
-#pragma unroll
-  for (int k = 0; k < kChunks; ++k) {
-    v[k] = valid ? __ldg(src + part + kP * k) : make_uint4(0, 0, 0, 0);
-#pragma unroll
-    for (int w = 0; w < 4; ++w) {
-      const uint32_t x = word(v[k], w);
-      amax = max(amax, max((x & 0x7fffu) << 16, x & 0x7fff0000u));
-    }
-  }
-#pragma unroll
-  for (int m = 1; m < kP; m *= 2) amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, m));
+  const uint32_t amax = load_q_row_bf16<kP>(src, part, valid, v);
   const bool finite = amax < 0x7f800000u;
-  const int e = min(max((int)(amax >> 23) - 127 - 7, -126), 126);  // 2^e, 2^-e normal floats
+  const int e = q_row_exponent(amax);
   if (part == 0) {
     const float f = finite ? scale_log2 * exp2_int(e) : __int_as_float(0x7fffffff);
     ss.rsc[c] = f;
@@ -105,24 +94,11 @@ __device__ __forceinline__ void load_q_rows_wide_hilo(WideFp8BSmem& ss, const Ml
 #pragma unroll
   for (int k = 0; k < kChunks; ++k) {
     const int col = 8 * (part + kP * k), b = col >> 6, j0 = col & 63;  // box b, in-box bytes j0 .. j0 + 7
-    uint32_t hi[2], lo[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      uint32_t hb[2], lb[2];
-#pragma unroll
-      for (int w2 = 0; w2 < 2; ++w2) {
-        const uint32_t x = word(v[k], 2 * h + w2);
-        const float x0 = __uint_as_float(x << 16) * down, x1 = __uint_as_float(x & 0xffff0000u) * down;
-        hb[w2] = f32x2_to_e4m3x2(x0, x1);
-        const float2 hf = e4m3x2_to_f32x2(hb[w2]);
-        lb[w2] = f32x2_to_e4m3x2(x0 - hf.x, x1 - hf.y);
-      }
-      hi[h] = hb[0] | (hb[1] << 16);
-      lo[h] = lb[0] | (lb[1] << 16);
-    }
+    uint2 hi, lo;
+    split_e4m3_hilo(v[k], down, 1.f, hi, lo);
     const int off = sw64(c, j0 >> 4) + (j0 & 15);
-    *reinterpret_cast<uint2*>(&ss.q[0][b][off]) = make_uint2(hi[0], hi[1]);
-    *reinterpret_cast<uint2*>(&ss.q[1][b][off]) = make_uint2(lo[0], lo[1]);
+    *reinterpret_cast<uint2*>(&ss.q[0][b][off]) = hi;
+    *reinterpret_cast<uint2*>(&ss.q[1][b][off]) = lo;
   }
 }
 
