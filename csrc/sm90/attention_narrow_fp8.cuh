@@ -227,11 +227,14 @@ constexpr float kQLoScale = 16.f;
 // gives NaN there).
 constexpr int kQexpNonFinite = 1 << 30;
 
-// A bf16 query row's chunks for this thread (kP consecutive lanes per row, kChunks 16-byte chunks
-// each: chunk part + kP k) into v, zero for a row past the request's (!valid); returns the row's
-// largest |q| as float bits (ordered as integers: >= 0x7f800000 for inf or NaN).
+// Query row row_base + c (bf16): this thread's chunks (kP consecutive lanes per row, kChunks
+// 16-byte chunks each: chunk part + kP k) into v, zero for a row past the request's (!valid);
+// returns the row's largest |q| as float bits (ordered as integers: >= 0x7f800000 for inf or NaN).
 template <int kP, int kChunks>
-__device__ __forceinline__ uint32_t load_q_row_bf16(const uint4* src, int part, bool valid, uint4 (&v)[kChunks]) {
+__device__ __forceinline__ uint32_t load_q_row_bf16(const MlaParams& p, long long row_base, int c, int part,
+                                                    bool valid, uint4 (&v)[kChunks]) {
+  const uint4* src = reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(p.q) +
+                                                    (valid ? (row_base + c) * kHeadDimQK : 0));
   uint32_t amax = 0;  // the largest |q| of this thread's chunks, as float bits (ordered as integers)
 #pragma unroll
   for (int k = 0; k < kChunks; ++k) {
@@ -299,10 +302,8 @@ __device__ __forceinline__ void load_q_rows_e4m3(uint8_t* sQ, int* qexp, const M
     }
     return;
   }
-  const uint4* src = reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(p.q) +
-                                                    (valid ? (row_base + c) * kHeadDimQK : 0));
   uint4 v[kChunks];
-  const uint32_t amax = load_q_row_bf16<kP>(src, part, valid, v);
+  const uint32_t amax = load_q_row_bf16<kP>(p, row_base, c, part, valid, v);
   const bool finite = amax < 0x7f800000u;
   const int e = q_row_exponent(amax);
   if (part == 0) qexp[c] = finite ? e : kQexpNonFinite;

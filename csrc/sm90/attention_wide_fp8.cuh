@@ -79,10 +79,8 @@ __device__ __forceinline__ void load_q_rows_wide_hilo(WideFp8BSmem& ss, const Ml
   static_assert(kP * kBlockM == kNumThreads, "four threads per row");
   const int c = threadIdx.x / kP, part = threadIdx.x % kP;
   const bool valid = c < rows;
-  const uint4* src = reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(p.q) +
-                                                    (valid ? (row_base + c) * kHeadDimQK : 0));
   uint4 v[kChunks];
-  const uint32_t amax = load_q_row_bf16<kP>(src, part, valid, v);
+  const uint32_t amax = load_q_row_bf16<kP>(p, row_base, c, part, valid, v);
   const bool finite = amax < 0x7f800000u;
   const int e = q_row_exponent(amax);
   if (part == 0) {
