@@ -266,6 +266,10 @@ struct Kernels {
   cudaLibrary_t library = nullptr;
   cudaKernel_t fn[kNumKernels] = {};
   std::vector<bool> ready;  // per device: arch checked, shared-memory limits raised
+  // Per device, bit id: the kernel that takes all of sm_90's shared memory as dynamic shared
+  // memory could not get it (its cubin has static shared memory: a JIT_MLA_PROBE build's records).
+  // Refused at its launch, so that the other kernels stay usable in such a build.
+  std::vector<uint32_t> unfit;
 };
 std::mutex g_mutex;
 Kernels g_kernels;
@@ -345,7 +349,10 @@ const Kernels& kernels_for_device(int device) {
   MLA_CHECK(g_kernels.library != nullptr, RuntimeError)
       << "no kernels loaded: the launcher must be loaded through jit_mla.launcher.get_launcher(), "
          "which loads the verified cubin";
-  if ((int)g_kernels.ready.size() <= device) g_kernels.ready.resize(device + 1, false);
+  if ((int)g_kernels.ready.size() <= device) {
+    g_kernels.ready.resize(device + 1, false);
+    g_kernels.unfit.resize(device + 1, 0u);
+  }
   if (!g_kernels.ready[device]) {
     int major = 0, minor = 0;
     MLA_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device),
@@ -355,11 +362,18 @@ const Kernels& kernels_for_device(int device) {
     MLA_CHECK(major == 9 && minor == 0, RuntimeError)
         << "jit_mla's kernels need an sm_90a GPU (Hopper, compute capability 9.0); cuda:" << device
         << " is sm_" << major << minor;
-    for (int id = 0; id < kNumKernels; ++id)
-      MLA_CUDA_CHECK(cudaKernelSetAttributeForDevice(g_kernels.fn[id], cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                     kKernelInfo[id].smem, device),
-                     "raising an attention kernel's shared-memory limit to " + std::to_string(kKernelInfo[id].smem) +
-                         " bytes");
+    static_assert(kNumKernels <= 32, "one bit per kernel in Kernels::unfit");
+    for (int id = 0; id < kNumKernels; ++id) {
+      const cudaError_t err = cudaKernelSetAttributeForDevice(
+          g_kernels.fn[id], cudaFuncAttributeMaxDynamicSharedMemorySize, kKernelInfo[id].smem, device);
+      if (err != cudaSuccess && kKernelInfo[id].smem == sm90::kSmemOptin) {
+        (void)cudaGetLastError();  // not sticky: cleared, reported at this kernel's launch
+        g_kernels.unfit[device] |= 1u << id;
+        continue;
+      }
+      MLA_CUDA_CHECK(err, "raising an attention kernel's shared-memory limit to " +
+                              std::to_string(kKernelInfo[id].smem) + " bytes");
+    }
     g_kernels.ready[device] = true;
   }
   return g_kernels;
@@ -684,6 +698,10 @@ void run_attention(TensorView out, Optional<TensorView> lse, TensorView query, T
                  : !narrow ? (use_tma ? kSeesaw : kAnyPage)
                          : (unit_rows_log2 == 4 ? kNarrow16 : kNarrow32) +
                                (kv_fp8 ? kNarrowFp8 + (use_tma ? 0 : kNarrowFp8Any) + (q_fp8 ? kNarrowFp8Q : 0) : 0);
+  MLA_CHECK(!(k.unfit[dev.device_id] >> id & 1u), RuntimeError)
+      << kKernelInfo[id].name << " needs all " << kKernelInfo[id].smem
+      << " bytes of shared memory as dynamic shared memory, and this cubin's copy of it has static "
+         "shared memory (a JIT_MLA_PROBE build's records): probe the other kernels, or shrink the probe";
   launch(k.fn[id], p.num_ctas, kNumThreads, kKernelInfo[id].smem, stream, enable_pdl, &p, kKernelInfo[id].name);
 }
 
