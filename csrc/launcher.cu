@@ -344,7 +344,9 @@ int64_t device_sm_count(int device) {
 }
 
 // Arch and the kernels' shared-memory limits, set up once per device.
-const Kernels& kernels_for_device(int device) {
+// unfit: the kernels (bit id) that could not get their shared memory on this device (Kernels::unfit),
+// copied under the lock.
+const Kernels& kernels_for_device(int device, uint32_t* unfit) {
   std::lock_guard<std::mutex> lock(g_mutex);
   MLA_CHECK(g_kernels.library != nullptr, RuntimeError)
       << "no kernels loaded: the launcher must be loaded through jit_mla.launcher.get_launcher(), "
@@ -367,7 +369,9 @@ const Kernels& kernels_for_device(int device) {
       const cudaError_t err = cudaKernelSetAttributeForDevice(
           g_kernels.fn[id], cudaFuncAttributeMaxDynamicSharedMemorySize, kKernelInfo[id].smem, device);
       if (err != cudaSuccess && kKernelInfo[id].smem == sm90::kSmemOptin) {
-        (void)cudaGetLastError();  // not sticky: cleared, reported at this kernel's launch
+        // Not sticky: cleared (with any earlier non-sticky error still pending), reported at this
+        // kernel's launch.
+        (void)cudaGetLastError();
         g_kernels.unfit[device] |= 1u << id;
         continue;
       }
@@ -376,6 +380,7 @@ const Kernels& kernels_for_device(int device) {
     }
     g_kernels.ready[device] = true;
   }
+  *unfit = g_kernels.unfit[device];
   return g_kernels;
 }
 
@@ -642,7 +647,8 @@ void run_attention(TensorView out, Optional<TensorView> lse, TensorView query, T
       << "; jit_mla.get_workspace_size(...) gives the size";
 
   // ---- 1d. arch (and kernels) -----------------------------------------------------------------
-  const Kernels& k = kernels_for_device(dev.device_id);
+  uint32_t unfit = 0;
+  const Kernels& k = kernels_for_device(dev.device_id, &unfit);
   if (batch_size == 0 || total_q == 0) return;  // nothing to compute, nothing to write
   const int64_t device_sms = sm_count_given ? device_sm_count(dev.device_id) : sm_count;
   // One CTA per SM, all resident at once (cooperative launch): never more CTAs than the device
@@ -698,10 +704,11 @@ void run_attention(TensorView out, Optional<TensorView> lse, TensorView query, T
                  : !narrow ? (use_tma ? kSeesaw : kAnyPage)
                          : (unit_rows_log2 == 4 ? kNarrow16 : kNarrow32) +
                                (kv_fp8 ? kNarrowFp8 + (use_tma ? 0 : kNarrowFp8Any) + (q_fp8 ? kNarrowFp8Q : 0) : 0);
-  MLA_CHECK(!(k.unfit[dev.device_id] >> id & 1u), RuntimeError)
+  MLA_CHECK(!(unfit >> id & 1u), RuntimeError)
       << kKernelInfo[id].name << " needs all " << kKernelInfo[id].smem
-      << " bytes of shared memory as dynamic shared memory, and this cubin's copy of it has static "
-         "shared memory (a JIT_MLA_PROBE build's records): probe the other kernels, or shrink the probe";
+      << " bytes of shared memory as dynamic shared memory, and raising its limit failed on this "
+         "device (a JIT_MLA_PROBE build's static shared memory does that: probe the other kernels, "
+         "or shrink the probe)";
   launch(k.fn[id], p.num_ctas, kNumThreads, kKernelInfo[id].smem, stream, enable_pdl, &p, kKernelInfo[id].name);
 }
 

@@ -68,8 +68,9 @@ __device__ __forceinline__ void load_q_rows_wide(uint8_t* sQ, const MlaParams& p
 // bf16 Q rows [row_base, row_base + rows) -> two e4m3 rows each, hi = e4m3(q 2^-e_c) and lo =
 // e4m3(q 2^-e_c - hi) at the same scale (S^T sums both into one accumulator; wgmma has no scale
 // for an operand), e_c putting the row's largest |q| in [2^7, 2^8): hi keeps 4 significant bits,
-// the residual the rest of bf16's 8, exact down to e4m3's smallest subnormal 2^-9 (2^-16 of the
-// row's largest). Rows past `rows` zero. Row c's score scale, rsc = the call's x 2^e_c (NaN for a
+// the residual the rest of bf16's 8, exact where |q 2^-e_c| >= 2^-2 (from ~2^-10 of the row's
+// largest; lo then is a normal e4m3); below, lo is an e4m3 subnormal (steps of 2^-9), so the
+// error stays under 2^-10, 2^-17 of the row's largest. Rows past `rows` zero. Row c's score scale, rsc = the call's x 2^e_c (NaN for a
 // row holding inf or NaN: e4m3 saturates, the reference gives NaN), and its P-exponent scale psc
 // (rsc where in (0, inf); else 1 and S^T is scaled first) go to shared memory. All 256 threads,
 // four per row.
@@ -495,7 +496,9 @@ __device__ void attention_wide_fp8(const MlaParams& p) {
           const uint32_t nl = mine + 1;
           issue_qk(2 * wg + (nl & 1), (nl >> 1) & 1);
           if constexpr (!kQ8) {
-            wgmma_wait<1>();  // the PV groups (the QK^T group is the newest)
+            // The PV groups: issue_qk commits exactly one group, the newest. If QK^T ever commits
+            // more, this count must follow, or a PV wgmma could still read P hi in a released stage.
+            wgmma_wait<1>();
             release_stages();
           }
           if (tw < 32) refill_stage();
