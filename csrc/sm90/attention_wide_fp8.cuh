@@ -70,10 +70,10 @@ __device__ __forceinline__ void load_q_rows_wide(uint8_t* sQ, const MlaParams& p
 // for an operand), e_c putting the row's largest |q| in [2^7, 2^8): hi keeps 4 significant bits,
 // the residual the rest of bf16's 8, exact where |q 2^-e_c| >= 2^-2 (from ~2^-10 of the row's
 // largest; lo then is a normal e4m3); below, lo is an e4m3 subnormal (steps of 2^-9), so the
-// error stays under 2^-10, 2^-17 of the row's largest. Rows past `rows` zero. Row c's score scale, rsc = the call's x 2^e_c (NaN for a
-// row holding inf or NaN: e4m3 saturates, the reference gives NaN), and its P-exponent scale psc
-// (rsc where in (0, inf); else 1 and S^T is scaled first) go to shared memory. All 256 threads,
-// four per row.
+// error stays under 2^-10, 2^-17 of the row's largest. Rows past `rows` zero. Row c's score
+// scale, rsc = the call's x 2^e_c (NaN for a row holding inf or NaN: e4m3 saturates, the
+// reference gives NaN), and its P-exponent scale psc (rsc where in (0, inf); else 1 and S^T is
+// scaled first) go to shared memory. All 256 threads, four per row.
 __device__ __forceinline__ void load_q_rows_wide_hilo(WideFp8BSmem& ss, const MlaParams& p, long long row_base,
                                                       int rows, float scale_log2) {
   constexpr int kP = 4, kChunks = kHeadDimQK / 8 / kP;  // threads per row, 16-byte chunks per thread
@@ -369,7 +369,8 @@ __device__ void attention_wide_fp8(const MlaParams& p) {
           reduce_scatter16(cm, part, FMax{});
           float2 psr = make_float2(ps, ps);  // the scattered columns' P scales
           if constexpr (!kQ8) psr = *reinterpret_cast<const float2*>(&ss.psc[8 * r8 + 2 * q4]);
-          *reinterpret_cast<float2*>(&ss.colmax[wg][warp][8 * r8 + 2 * q4]) = make_float2(part[0] * psr.x, part[1] * psr.y);
+          *reinterpret_cast<float2*>(&ss.colmax[wg][warp][8 * r8 + 2 * q4]) =
+              make_float2(part[0] * psr.x, part[1] * psr.y);
         } else {
           *reinterpret_cast<float2*>(&ss.colmax[wg][warp][8 * r8 + 2 * q4]) = make_float2(-INFINITY, -INFINITY);
         }
