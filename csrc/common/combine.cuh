@@ -23,6 +23,7 @@ namespace jit_mla {
 constexpr int kCombineWarps = kNumThreads / 32;           // 8
 constexpr int kCombineCols = 32 * 8;                      // 256 columns: 8 bf16 (16 bytes) per lane
 constexpr int kCombineChunks = kHeadDimV / kCombineCols;  // 2 per row
+constexpr int kCombineQuarters = 4;                          // 128-column items: 4 bf16 per lane
 constexpr int kCombineLoadsInFlight = 16;                 // 16-byte loads per lane per step
 
 // Per warp: the current unit's partial slots and the current row's per-split LSE, then weight.
@@ -208,7 +209,9 @@ __device__ __forceinline__ void combine_splits(const MlaParams& p) {
   const long long warps = (long long)gridDim.x * kCombineWarps;
   // Few rows (a short request split many ways): 128-column items (4 bf16 per lane) when four
   // per row are not more than the warps, else 256-column ones when two are not, else rows.
-  const int per_row = rows * 4 <= warps ? 4 : rows * kCombineChunks <= warps ? kCombineChunks : 1;
+  const int per_row = rows * kCombineQuarters <= warps ? kCombineQuarters
+                      : rows * kCombineChunks <= warps ? kCombineChunks
+                                                       : 1;
   const long long items = rows * per_row;
   const long long per_warp = (items + warps - 1) / warps;
   const long long item0 = ((long long)warp * gridDim.x + blockIdx.x) * per_warp;
@@ -238,8 +241,8 @@ __device__ __forceinline__ void combine_splits(const MlaParams& p) {
     cur_row = r;
     // Item's columns: chunk item % per_row of kHeadDimV / per_row.
     const int col0 = (int)(item % per_row) * (kHeadDimV / per_row);
-    if (per_row == 4)
-      combine_cols<1, 4>(p, unit, slots, weight, n, r, col0, new_row, &lse, bmm2);
+    if (per_row == kCombineQuarters)
+      combine_cols<1, kHeadDimV / kCombineQuarters / 32>(p, unit, slots, weight, n, r, col0, new_row, &lse, bmm2);
     else if (per_row == kCombineChunks)
       combine_cols<1, 8>(p, unit, slots, weight, n, r, col0, new_row, &lse, bmm2);
     else

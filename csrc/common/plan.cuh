@@ -27,54 +27,50 @@ struct PlanScratch {
   int cost_min, cost_max;
 };
 
-// Exclusive block-wide scan of one int64 per thread (NT threads); returns the thread's prefix,
-// *total the sum. s_warp: NT / 32 values of shared scratch. The planner is a serial chain in each
-// warp (perf-notes, Session 14: ~1 µs per step), so the warp totals are summed by every thread
-// from shared memory (NT / 32 independent loads) rather than scanned by warp 0 behind one more
-// barrier.
-template <int NT>
-__device__ __forceinline__ long long block_exclusive_scan(long long v, long long* total, long long* s_warp) {
+// The block-wide half of the scans below: lane `writer` of each warp publishes its warp's total
+// in s[warp]; every thread then sums the totals of the warps before its own (its exclusive base,
+// returned) and of all (*total) from shared memory. The planner is a serial chain in each warp
+// (perf-notes, Session 14: ~1 µs per step), so NT / 32 independent loads rather than a scan of
+// the totals by warp 0 behind one more barrier. s is reused by the next scan after the barrier.
+template <int NT, typename T>
+__device__ __forceinline__ T block_warp_base(T warp_total, int writer, T* s, T* total) {
   static_assert(NT % 32 == 0 && NT <= 1024, "whole warps, at most 32 of them");
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == writer) s[warp] = warp_total;
+  __syncthreads();
+  T base = 0, sum = 0;
+#pragma unroll
+  for (int w = 0; w < NT / 32; ++w) {
+    const T t = s[w];
+    base += w < warp ? t : 0;
+    sum += t;
+  }
+  *total = sum;
+  __syncthreads();
+  return base;
+}
+
+// Exclusive block-wide scan of one int64 per thread (NT threads); returns the thread's prefix,
+// *total the sum. s_warp: NT / 32 values of shared scratch.
+template <int NT>
+__device__ __forceinline__ long long block_exclusive_scan(long long v, long long* total, long long* s_warp) {
+  const int lane = threadIdx.x & 31;
   long long x = v;
 #pragma unroll
   for (int d = 1; d < 32; d <<= 1) {
     const long long y = __shfl_up_sync(0xffffffffu, x, d);
     if (lane >= d) x += y;
   }
-  if (lane == 31) s_warp[warp] = x;
-  __syncthreads();
-  long long base = 0, sum = 0;
-#pragma unroll
-  for (int w = 0; w < NT / 32; ++w) {
-    const long long t = s_warp[w];
-    base += w < warp ? t : 0;
-    sum += t;
-  }
-  *total = sum;
-  __syncthreads();  // s_warp is reused by the next scan
-  return base + x - v;
+  return block_warp_base<NT>(x, 31, s_warp, total) + x - v;  // lane 31 holds the warp's total
 }
 
 // Exclusive block-wide count of the threads with `flag` set (NT threads), as the scan above with
 // a ballot in place of the warp's shuffles; *total the count. s_count: NT / 32 ints of scratch.
 template <int NT>
 __device__ __forceinline__ int block_exclusive_count(bool flag, int* total, int* s_count) {
-  static_assert(NT % 32 == 0 && NT <= 1024, "whole warps, at most 32 of them");
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31;
   const unsigned m = __ballot_sync(0xffffffffu, flag);
-  if (lane == 0) s_count[warp] = __popc(m);
-  __syncthreads();
-  int base = 0, sum = 0;
-#pragma unroll
-  for (int w = 0; w < NT / 32; ++w) {
-    const int t = s_count[w];
-    base += w < warp ? t : 0;
-    sum += t;
-  }
-  *total = sum;
-  __syncthreads();  // s_count is reused by the next count
-  return base + __popc(m & ((1u << lane) - 1));
+  return block_warp_base<NT>(__popc(m), 0, s_count, total) + __popc(m & ((1u << lane) - 1));
 }
 
 template <int NT>
