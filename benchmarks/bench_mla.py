@@ -243,6 +243,9 @@ def shape_table() -> list[Shape]:
         uniform_shape(1, 8192, 16, 1, "TP8 one request"),
         uniform_shape(1, 65536, 128, 1, "TP1 one 64k request"),
         spec("ragged spec decode (q_len 1..4, seeded)"),
+        # Issue 4's "ragged within 10% of the uniform shape with the same number of tokens": the
+        # seeded draft lengths above sum to 162 = 81 requests x 2 tokens (asserted in the tests).
+        uniform_shape(81, 4096, 128, 2, "uniform twin of the ragged row (162 tokens)"),
         Shape("prefill_4x2048_kv8192_h128", 128, (2048,) * 4, (8192,) * 4, ragged=True,
               role="chunked prefill"),
         # fp8 e4m3 KV cache, bf16 query (issue 5)
@@ -376,6 +379,24 @@ def markdown_table(result: dict) -> str:
     return "\n".join(lines)
 
 
+RAGGED_TWINS = (("spec_b64_q1to4_kv4096_h128", "b81_kv4096_h128_q2"),)
+
+
+def ragged_twin_lines(rows: Sequence[dict]) -> list[str]:
+    """The ragged row against the uniform one with as many query tokens (same kv, H): its share of
+    roofline as a ratio (the two rooflines differ only by the KV bytes of 64 against 81 requests)."""
+    by_name = {r["name"]: r for r in rows}
+    lines = []
+    for ragged, twin in RAGGED_TWINS:
+        a, b = by_name.get(ragged), by_name.get(twin)
+        for who in ("ours", "flashinfer"):
+            ra, rb = (a or {}).get(who) or {}, (b or {}).get(who) or {}
+            if ra.get("pct_roofline") and rb.get("pct_roofline"):
+                lines.append(f"ragged vs uniform ({who}): {ragged} {ra['pct_roofline']:.1f}% of roofline, "
+                             f"{twin} {rb['pct_roofline']:.1f}%: ratio {ra['pct_roofline'] / rb['pct_roofline']:.3f}")
+    return lines
+
+
 def summary_lines(result: dict) -> list[str]:
     lines = []
     gpu = result.get("gpu", {})
@@ -409,6 +430,7 @@ def summary_lines(result: dict) -> list[str]:
         lines.append("host overhead (one-page call, eager): " + "; ".join(parts))
     elif h.get("error"):
         lines.append(f"host overhead: error {h['error']}")
+    lines += ragged_twin_lines(result.get("rows", []))
     for row in result.get("rows", []):
         for who in ("ours", "flashinfer"):
             r = row.get(who) or {}

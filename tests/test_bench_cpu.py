@@ -78,9 +78,12 @@ def test_visible_flops_follow_the_bottom_right_causal_mask(bench):
 
 def test_table_and_calls_per_replay(bench):
     shapes = bench.shape_table()
-    assert len(shapes) == 26 and len({s.name for s in shapes}) == 26
+    assert len(shapes) == 27 and len({s.name for s in shapes}) == 27
     spec = _by_name(bench, "spec_b64_q1to4_kv4096_h128")
     assert spec.ragged and spec.batch == 64 and set(spec.q_lens) <= {1, 2, 3, 4} and len(set(spec.q_lens)) > 1
+    for ragged, twin in bench.RAGGED_TWINS:  # the uniform twin has as many tokens, same kv and H
+        a, b = _by_name(bench, ragged), _by_name(bench, twin)
+        assert (a.total_q, a.kv_lens[0], a.num_heads) == (b.total_q, b.kv_lens[0], b.num_heads)
     assert spec.q_lens == bench.shape_table()[11].q_lens  # seeded: the same every run
     prefill = _by_name(bench, "prefill_4x2048_kv8192_h128")
     assert prefill.total_q == 8192 and prefill.n_sets == 1
@@ -101,7 +104,7 @@ def test_shape_selection(bench):
     with pytest.raises(ValueError, match="matches no shape"):
         bench.select_shapes(shapes, "nope")
     with pytest.raises(ValueError, match="out of range"):
-        bench.select_shapes(shapes, "26")
+        bench.select_shapes(shapes, "27")
 
 
 def test_dry_run_prints_the_table_without_a_gpu():
