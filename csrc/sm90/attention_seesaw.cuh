@@ -378,19 +378,23 @@ __device__ void attention_seesaw(const MlaParams& p) {
     const int* bt_row = p.block_tables + (long long)unit.b * p.block_table_stride;
     const int lim_a = unit_row_limit(p, unit, rw.r_a), lim_b = unit_row_limit(p, unit, rw.r_b);
 
-    // ---- prologue: first two blocks by TMA, Q by cp.async, running max reset ----------------
-    if (tid < 32 && kb0 < kb1) {
-      // Lanes 0-7 hold block kb0's chunk pages, lanes 8-15 block kb0+1's.
-      const int page = lane < 16 ? chunk_page(p, bt_row, kb0 + (lane >> 3), lane & 7, kv_len) : p.num_pages;
-      issue_kv_half(p, sKV[0], bars[0], kb0, 0, page, 0);
-      issue_kv_half(p, sKV[0], bars[0], kb0, 1, page, 0);
-      if (kb0 + 1 < kb1) {
-        issue_kv_half(p, sKV[1], bars[1], kb0 + 1, 1, page, 8);
-        issue_kv_half(p, sKV[1], bars[1], kb0 + 1, 0, page, 8);
-      }
-    }
+    // ---- prologue: Q by cp.async, first two blocks by TMA, running max reset ----------------
+    // Q first, from every warp: the first QK^T needs all of Q but only its block's boxes one by
+    // one, so Q must not queue behind 144 KB of KV (warp 0 would otherwise send its part of Q
+    // after the TMA, which waits on the block table). Warp 0's page loads go out before it.
+    // Lanes 0-7 hold block kb0's chunk pages, lanes 8-15 block kb0+1's.
+    const int first_pages =
+        tid < 16 && kb0 < kb1 ? chunk_page(p, bt_row, kb0 + (lane >> 3), lane & 7, kv_len) : p.num_pages;
     if (kb0 < kb1) load_q_tile(sQ, p, unit.q_row_base, unit.rows);
     cp_async_commit();
+    if (tid < 32 && kb0 < kb1) {
+      issue_kv_half(p, sKV[0], bars[0], kb0, 0, first_pages, 0);
+      issue_kv_half(p, sKV[0], bars[0], kb0, 1, first_pages, 0);
+      if (kb0 + 1 < kb1) {
+        issue_kv_half(p, sKV[1], bars[1], kb0 + 1, 1, first_pages, 8);
+        issue_kv_half(p, sKV[1], bars[1], kb0 + 1, 0, first_pages, 8);
+      }
+    }
     if (tid < kBlockM) ss.m[tid] = kMaxInit;
     cp_async_wait_all();
     fence_proxy_async_smem();
