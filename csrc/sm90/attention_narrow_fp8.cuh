@@ -228,26 +228,41 @@ constexpr float kQLoScale = 16.f;
 constexpr int kQexpNonFinite = 1 << 30;
 
 // Query row row_base + c (bf16): this thread's chunks (kP consecutive lanes per row, kChunks
-// 16-byte chunks each: chunk part + kP k) into v, zero for a row past the request's (!valid);
-// returns the row's largest |q| as float bits (ordered as integers: >= 0x7f800000 for inf or NaN).
+// 16-byte chunks each: chunk part + kP k) into v, zero for a row past the request's (!valid).
+// Loads only: the caller may issue other work (a TMA that waits on the block table) before the
+// first use of v.
 template <int kP, int kChunks>
-__device__ __forceinline__ uint32_t load_q_row_bf16(const MlaParams& p, long long row_base, int c, int part,
+__device__ __forceinline__ void load_q_row_bf16_raw(const MlaParams& p, long long row_base, int c, int part,
                                                     bool valid, uint4 (&v)[kChunks]) {
   const uint4* src = reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(p.q) +
                                                     (valid ? (row_base + c) * kHeadDimQK : 0));
-  uint32_t amax = 0;  // the largest |q| of this thread's chunks, as float bits (ordered as integers)
 #pragma unroll
-  for (int k = 0; k < kChunks; ++k) {
-    v[k] = valid ? __ldg(src + part + kP * k) : make_uint4(0, 0, 0, 0);
+  for (int k = 0; k < kChunks; ++k) v[k] = valid ? __ldg(src + part + kP * k) : make_uint4(0, 0, 0, 0);
+}
+
+// The row's largest |q| over its kP threads' chunks v, as float bits (ordered as integers:
+// >= 0x7f800000 for inf or NaN).
+template <int kP, int kChunks>
+__device__ __forceinline__ uint32_t q_row_amax(const uint4 (&v)[kChunks]) {
+  uint32_t amax = 0;
+#pragma unroll
+  for (int k = 0; k < kChunks; ++k)
 #pragma unroll
     for (int w = 0; w < 4; ++w) {
       const uint32_t x = word(v[k], w);
       amax = max(amax, max((x & 0x7fffu) << 16, x & 0x7fff0000u));
     }
-  }
 #pragma unroll
   for (int m = 1; m < kP; m *= 2) amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, m));
   return amax;
+}
+
+// Both: v loaded, the row's largest |q| returned.
+template <int kP, int kChunks>
+__device__ __forceinline__ uint32_t load_q_row_bf16(const MlaParams& p, long long row_base, int c, int part,
+                                                    bool valid, uint4 (&v)[kChunks]) {
+  load_q_row_bf16_raw<kP>(p, row_base, c, part, valid, v);
+  return q_row_amax<kP>(v);
 }
 
 // e = floor(log2 max|q|) - 7 from the row's largest |q| (float bits): the largest lands in
@@ -380,18 +395,28 @@ __device__ __forceinline__ int token_page(const MlaParams& p, const int* bt_row,
   return tok < kv_len ? __ldg(bt_row + page_index(tok, p.page_size)) : p.num_pages;
 }
 
-// Warp 0 of warpgroup wg (the caller checks): the warpgroup's first two blocks of a unit,
-// kb0 + wg and kb0 + wg + 2, by TMA into stages 2 wg + (loads + j) % 2 (stage s at kv + s * 36 KiB,
-// its box mbarriers at bar + s * 72 bytes).
+// Warp 0 of warpgroup wg (the caller checks): the page ids of the warpgroup's first two blocks of
+// a unit, kb0 + wg and kb0 + wg + 2 (lanes 0-7, block_pages), both loads in flight at once.
+__device__ __forceinline__ void first_block_pages_fp8(const MlaParams& p, const int* bt_row, int kb0, int kb1,
+                                                      int kv_len, int wg, int (&pages)[2]) {
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int kb = kb0 + wg + 2 * j;
+    pages[j] = kb < kb1 ? block_pages(p, bt_row, kb, kv_len) : p.num_pages;
+  }
+}
+
+// Warp 0 of warpgroup wg: those two blocks by TMA into stages 2 wg + (loads + j) % 2 (stage s at
+// kv + s * 36 KiB, its box mbarriers at bar + s * 72 bytes).
 __device__ __forceinline__ void issue_first_blocks_fp8(const MlaParams& p, uint8_t (*kv)[kFp8TileBytes],
-                                                       uint64_t (*bar)[kNumBoxesQK], const int* bt_row, int kb0,
-                                                       int kb1, int kv_len, int wg, uint32_t loads) {
+                                                       uint64_t (*bar)[kNumBoxesQK], int kb0, int kb1, int wg,
+                                                       uint32_t loads, const int (&pages)[2]) {
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
     const int kb = kb0 + wg + 2 * j;
     if (kb < kb1) {
       const int st = 2 * wg + ((loads + j) & 1);
-      issue_kv_fp8(p, smem_u32(kv[st]), smem_u32(&bar[st][0]), kb, block_pages(p, bt_row, kb, kv_len));
+      issue_kv_fp8(p, smem_u32(kv[st]), smem_u32(&bar[st][0]), kb, pages[j]);
     }
   }
 }
@@ -534,7 +559,11 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
 
     // The warpgroup's first two blocks, one per stage.
     if constexpr (kTma) {
-      if (tw < 32) issue_first_blocks_fp8(p, ss.kv, ss.bar, bt_row, kb0, kb1, kv_len, wg, loads);
+      if (tw < 32) {
+        int pages[2];
+        first_block_pages_fp8(p, bt_row, kb0, kb1, kv_len, wg, pages);
+        issue_first_blocks_fp8(p, ss.kv, ss.bar, kb0, kb1, wg, loads, pages);
+      }
     } else {
       // Both page ids first: the two loads overlap before the copies that depend on them.
       const int page0 = kb0 + wg < kb1 ? token_page(p, bt_row, kb0 + wg, kv_len) : p.num_pages;

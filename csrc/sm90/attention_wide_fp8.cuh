@@ -53,15 +53,26 @@ __device__ __forceinline__ void wgmma_m64n64k32_e4m3_ss_first(float (&d)[32], ui
 
 // e4m3 Q rows [row_base, row_base + rows) -> sQ as 9 boxes of (64 rows, 64 bytes) in the 64B
 // swizzle, rows past `rows` zero. All 256 threads, 16 bytes each step (consecutive threads take
-// consecutive chunks of a row).
-__device__ __forceinline__ void load_q_rows_wide(uint8_t* sQ, const MlaParams& p, long long row_base, int rows) {
-  constexpr int kRowChunks = kHeadDimQK / 16;  // 36
+// consecutive chunks of a row): kQ8Steps loads per thread into v first (the caller issues its TMA
+// while they are in flight), then the stores.
+constexpr int kQ8RowChunks = kHeadDimQK / 16;                    // 36
+constexpr int kQ8Steps = kBlockM * kQ8RowChunks / kNumThreads;   // 9
+static_assert(kQ8Steps * kNumThreads == kBlockM * kQ8RowChunks, "whole steps");
+__device__ __forceinline__ void load_q_rows_wide(const MlaParams& p, long long row_base, int rows,
+                                                 uint4 (&v)[kQ8Steps]) {
   const uint8_t* q = static_cast<const uint8_t*>(p.q);
-  for (int i = threadIdx.x; i < kBlockM * kRowChunks; i += kNumThreads) {
-    const int c = i / kRowChunks, k = i % kRowChunks;  // row, 16-byte chunk: box k / 4, chunk k % 4
-    const uint4 v = c < rows ? __ldg(reinterpret_cast<const uint4*>(q + (row_base + c) * kHeadDimQK) + k)
-                             : make_uint4(0, 0, 0, 0);
-    *reinterpret_cast<uint4*>(sQ + (k >> 2) * kFp8BoxBytes + sw64(c, k & 3)) = v;
+#pragma unroll
+  for (int s = 0; s < kQ8Steps; ++s) {
+    const int i = threadIdx.x + s * kNumThreads, c = i / kQ8RowChunks, k = i % kQ8RowChunks;
+    v[s] = c < rows ? __ldg(reinterpret_cast<const uint4*>(q + (row_base + c) * kHeadDimQK) + k)
+                    : make_uint4(0, 0, 0, 0);
+  }
+}
+__device__ __forceinline__ void store_q_rows_wide(uint8_t* sQ, const uint4 (&v)[kQ8Steps]) {
+#pragma unroll
+  for (int s = 0; s < kQ8Steps; ++s) {
+    const int i = threadIdx.x + s * kNumThreads, c = i / kQ8RowChunks, k = i % kQ8RowChunks;  // box k / 4, chunk k % 4
+    *reinterpret_cast<uint4*>(sQ + (k >> 2) * kFp8BoxBytes + sw64(c, k & 3)) = v[s];
   }
 }
 
@@ -73,15 +84,14 @@ __device__ __forceinline__ void load_q_rows_wide(uint8_t* sQ, const MlaParams& p
 // error stays under 2^-10, 2^-17 of the row's largest. Rows past `rows` zero. Row c's score
 // scale, rsc = the call's x 2^e_c (NaN for a row holding inf or NaN: e4m3 saturates, the
 // reference gives NaN), and its P-exponent scale psc (rsc where in (0, inf); else 1 and S^T is
-// scaled first) go to shared memory. All 256 threads, four per row.
-__device__ __forceinline__ void load_q_rows_wide_hilo(WideFp8BSmem& ss, const MlaParams& p, long long row_base,
-                                                      int rows, float scale_log2) {
-  constexpr int kP = 4, kChunks = kHeadDimQK / 8 / kP;  // threads per row, 16-byte chunks per thread
-  static_assert(kP * kBlockM == kNumThreads, "four threads per row");
-  const int c = threadIdx.x / kP, part = threadIdx.x % kP;
-  const bool valid = c < rows;
-  uint4 v[kChunks];
-  const uint32_t amax = load_q_row_bf16<kP>(p, row_base, c, part, valid, v);
+// scaled first) go to shared memory. All 256 threads, four per row (row c = thread / 4): the
+// loads (load_q_row_bf16_raw) first, the caller's TMA, then this.
+constexpr int kHiloP = 4, kHiloChunks = kHeadDimQK / 8 / kHiloP;  // threads per row, 16-byte chunks per thread
+static_assert(kHiloP * kBlockM == kNumThreads, "four threads per row");
+__device__ __forceinline__ void store_q_rows_wide_hilo(WideFp8BSmem& ss, const uint4 (&v)[kHiloChunks],
+                                                       float scale_log2) {
+  const int c = threadIdx.x / kHiloP, part = threadIdx.x % kHiloP;
+  const uint32_t amax = q_row_amax<kHiloP>(v);
   const bool finite = amax < 0x7f800000u;
   const int e = q_row_exponent(amax);
   if (part == 0) {
@@ -91,8 +101,8 @@ __device__ __forceinline__ void load_q_rows_wide_hilo(WideFp8BSmem& ss, const Ml
   }
   const float down = exp2_int(-e);
 #pragma unroll
-  for (int k = 0; k < kChunks; ++k) {
-    const int col = 8 * (part + kP * k), b = col >> 6, j0 = col & 63;  // box b, in-box bytes j0 .. j0 + 7
+  for (int k = 0; k < kHiloChunks; ++k) {
+    const int col = 8 * (part + kHiloP * k), b = col >> 6, j0 = col & 63;  // box b, in-box bytes j0 .. j0 + 7
     uint2 hi, lo;
     split_e4m3_hilo(v[k], down, 1.f, hi, lo);
     const int off = sw64(c, j0 >> 4) + (j0 & 15);
@@ -245,12 +255,22 @@ __device__ void attention_wide_fp8(const MlaParams& p) {
     const int* bt_row = p.block_tables + (long long)unit.b * p.block_table_stride;
     const uint32_t loads = wg == 0 ? loads0 : loads1;  // this warpgroup's count at the unit's start
 
-    // Each warpgroup's first two blocks, one per stage.
-    if (tw < 32) issue_first_blocks_fp8(p, ss.kv, ss.bar, bt_row, kb0, kb1, kv_len, wg, loads);
+    // Each warpgroup's first two blocks, one per stage, and Q. In flight together: warp 0's two
+    // block-table loads and every thread's Q loads, then warp 0's TMA (it waits on the block
+    // table, not behind its own share of Q), then Q into shared memory.
+    int pages[2] = {p.num_pages, p.num_pages};
+    if (tw < 32) first_block_pages_fp8(p, bt_row, kb0, kb1, kv_len, wg, pages);
     if constexpr (kQ8) {
-      load_q_rows_wide(&ss.q[0][0], p, unit.q_row_base, unit.rows);
+      uint4 v[kQ8Steps];
+      load_q_rows_wide(p, unit.q_row_base, unit.rows, v);
+      if (tw < 32) issue_first_blocks_fp8(p, ss.kv, ss.bar, kb0, kb1, wg, loads, pages);
+      store_q_rows_wide(&ss.q[0][0], v);
     } else {
-      load_q_rows_wide_hilo(ss, p, unit.q_row_base, unit.rows, scale_log2);
+      uint4 v[kHiloChunks];
+      const int c = tid / kHiloP;
+      load_q_row_bf16_raw<kHiloP>(p, unit.q_row_base, c, tid % kHiloP, c < unit.rows, v);
+      if (tw < 32) issue_first_blocks_fp8(p, ss.kv, ss.bar, kb0, kb1, wg, loads, pages);
+      store_q_rows_wide_hilo(ss, v, scale_log2);
     }
     fence_proxy_async_smem();
     __syncthreads();
