@@ -257,14 +257,6 @@ __device__ __forceinline__ uint32_t q_row_amax(const uint4 (&v)[kChunks]) {
   return amax;
 }
 
-// Both: v loaded, the row's largest |q| returned.
-template <int kP, int kChunks>
-__device__ __forceinline__ uint32_t load_q_row_bf16(const MlaParams& p, long long row_base, int c, int part,
-                                                    bool valid, uint4 (&v)[kChunks]) {
-  load_q_row_bf16_raw<kP>(p, row_base, c, part, valid, v);
-  return q_row_amax<kP>(v);
-}
-
 // e = floor(log2 max|q|) - 7 from the row's largest |q| (float bits): the largest lands in
 // [2^7, 2^8). Clamped so that 2^e and 2^-e are normal floats (an all-zero row: any e).
 __device__ __forceinline__ int q_row_exponent(uint32_t amax) {
@@ -318,7 +310,8 @@ __device__ __forceinline__ void load_q_rows_e4m3(uint8_t* sQ, int* qexp, const M
     return;
   }
   uint4 v[kChunks];
-  const uint32_t amax = load_q_row_bf16<kP>(p, row_base, c, part, valid, v);
+  load_q_row_bf16_raw<kP>(p, row_base, c, part, valid, v);
+  const uint32_t amax = q_row_amax<kP>(v);
   const bool finite = amax < 0x7f800000u;
   const int e = q_row_exponent(amax);
   if (part == 0) qexp[c] = finite ? e : kQexpNonFinite;
