@@ -25,6 +25,7 @@ constexpr int kCombineCols = 32 * 8;                      // 256 columns: 8 bf16
 constexpr int kCombineChunks = kHeadDimV / kCombineCols;  // 2 per row
 constexpr int kCombineQuarters = 4;                          // 128-column items: 4 bf16 per lane
 constexpr int kCombineLoadsInFlight = 16;                 // 16-byte loads per lane per step
+constexpr int kCombineRows = 4;                           // whole rows merged together (combine_rows)
 
 // Per warp: the current unit's partial slots and the current row's per-split LSE, then weight.
 // Lives in the attention kernel's dynamic shared memory (its Q tile), free once attention is done.
@@ -136,6 +137,30 @@ __device__ __forceinline__ void fma_bf16(float (&acc)[2 * kW], float w, const ui
   }
 }
 
+// Row r's kChunks chunks of 32 kLane columns from column col0 on, acc = sum_j weight_j O_j:
+// finalized (sink, bmm2_scale) and stored as bf16; its LSE with the first chunk.
+template <int kChunks, int kLane>
+__device__ __forceinline__ void store_row_cols(const MlaParams& p, const Unit& unit, int r, int col0, float lse,
+                                               float bmm2, const float (&acc)[kChunks][kLane]) {
+  constexpr int kCols = 32 * kLane;
+  const int lane = threadIdx.x & 31;
+  const int head = (unit.row0 + r) % p.num_heads;
+  const RowFinal fin = finalize_row(lse, p.sinks, head, bmm2);
+  const long long row = unit.q_row_base + r;
+  __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out) + row * kHeadDimV + col0 + kLane * lane;
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    uint32_t w[kLane / 2];
+#pragma unroll
+    for (int i = 0; i < kLane / 2; ++i) w[i] = pack_bf16x2(acc[c][2 * i] * fin.scale, acc[c][2 * i + 1] * fin.scale);
+    if constexpr (kLane == 8)
+      *reinterpret_cast<uint4*>(out + kCols * c) = make_uint4(w[0], w[1], w[2], w[3]);
+    else
+      *reinterpret_cast<uint2*>(out + kCols * c) = make_uint2(w[0], w[1]);
+  }
+  if (p.lse != nullptr && lane == 0 && col0 == 0) p.lse[row] = fin.lse;
+}
+
 // kChunks chunks of 32 kLane columns of row r from column col0 on: sum_j weight_j O_j, finalized.
 // Each step loads kCombineLoadsInFlight / kChunks splits' chunks at once: the loop is bound by
 // the latency of these loads, so a whole row (few splits) and a lone chunk (many splits) both
@@ -165,21 +190,70 @@ __device__ __forceinline__ void combine_cols(const MlaParams& p, const Unit& uni
       for (int c = 0; c < kChunks; ++c) fma_bf16<kLane / 2>(acc[c], w, v[k][c]);
     }
   }
-  const int head = (unit.row0 + r) % p.num_heads;
-  const RowFinal fin = finalize_row(lse, p.sinks, head, bmm2);
-  const long long row = unit.q_row_base + r;
-  __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out) + row * kHeadDimV + col0 + kLane * lane;
+  store_row_cols<kChunks, kLane>(p, unit, r, col0, lse, bmm2, acc);
+}
+
+// Whole rows r0 .. r0 + k - 1 (k <= kR) of one unit, n <= 32 / kR splits each, merged together:
+// every row's loads in flight at once (one row after another, a warp's rows were a round trip
+// each: 4 rows of ~3 splits per warp at B32 H128). The weights stay in registers: lane
+// i kSeg + j holds split j of row i, its LSE reduced over the row's kSeg lanes.
+template <int kR>
+__device__ __forceinline__ void combine_rows(const MlaParams& p, const Unit& unit, const int* slots, int n, int r0,
+                                             int k, float bmm2) {
+  constexpr int kSeg = 32 / kR, kS = kCombineLoadsInFlight / (kR * kCombineChunks);  // splits per step
+  static_assert(kSeg % kS == 0, "a step's splits stay inside a row's lanes");
+  const int lane = threadIdx.x & 31;
+  auto load_step = [&](int j0, uint32_t (&v)[kS][kR][kCombineChunks][4]) {
 #pragma unroll
-  for (int c = 0; c < kChunks; ++c) {
-    uint32_t w[kLane / 2];
+    for (int s = 0; s < kS; ++s)
 #pragma unroll
-    for (int i = 0; i < kLane / 2; ++i) w[i] = pack_bf16x2(acc[c][2 * i] * fin.scale, acc[c][2 * i + 1] * fin.scale);
-    if constexpr (kLane == 8)
-      *reinterpret_cast<uint4*>(out + kCols * c) = make_uint4(w[0], w[1], w[2], w[3]);
-    else
-      *reinterpret_cast<uint2*>(out + kCols * c) = make_uint2(w[0], w[1]);
+      for (int i = 0; i < kR; ++i) {
+        const bool in = j0 + s < n && i < k;
+        const __nv_bfloat16* src = partial_row(p, slots[min(j0 + s, n - 1)], r0 + min(i, k - 1)) + 8 * lane;
+#pragma unroll
+        for (int c = 0; c < kCombineChunks; ++c) {
+          const uint4 x = in ? __ldcg(reinterpret_cast<const uint4*>(src + kCombineCols * c)) : make_uint4(0, 0, 0, 0);
+          v[s][i][c][0] = x.x; v[s][i][c][1] = x.y; v[s][i][c][2] = x.z; v[s][i][c][3] = x.w;
+        }
+      }
+  };
+  uint32_t v[kS][kR][kCombineChunks][4];
+  load_step(0, v);
+  // Weights while the first partials are in flight: as row_weights, per kSeg-lane segment.
+  const int mine_i = lane / kSeg, mine_j = lane % kSeg;
+  const float x = mine_i < k && mine_j < n ? __ldcg(p.partial_lse + slots[mine_j] * kBlockM + r0 + mine_i) : -INFINITY;
+  float mx = x;
+#pragma unroll
+  for (int d = kSeg / 2; d > 0; d >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, d));
+  float sum = mx == -INFINITY ? 0.f : exp2f(x - mx);
+#pragma unroll
+  for (int d = kSeg / 2; d > 0; d >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, d);
+  const float lse = mx == -INFINITY ? -INFINITY : mx + log2f(sum);
+  const float weight = lse == -INFINITY ? 0.f : exp2f(x - lse);
+
+  float acc[kR][kCombineChunks][8];
+#pragma unroll
+  for (int i = 0; i < kR; ++i)
+#pragma unroll
+    for (int c = 0; c < kCombineChunks; ++c)
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[i][c][e] = 0.f;
+  for (int j0 = 0; j0 < n; j0 += kS) {
+    if (j0 > 0) load_step(j0, v);
+#pragma unroll
+    for (int s = 0; s < kS; ++s)
+#pragma unroll
+      for (int i = 0; i < kR; ++i) {
+        const float w = __shfl_sync(0xffffffffu, weight, i * kSeg + j0 + s);  // 0 past n
+#pragma unroll
+        for (int c = 0; c < kCombineChunks; ++c) fma_bf16<4>(acc[i][c], w, v[s][i][c]);
+      }
   }
-  if (p.lse != nullptr && lane == 0 && col0 == 0) p.lse[row] = fin.lse;
+#pragma unroll
+  for (int i = 0; i < kR; ++i) {
+    const float row_lse = __shfl_sync(0xffffffffu, lse, i * kSeg);
+    if (i < k) store_row_cols<kCombineChunks, 8>(p, unit, r0 + i, 0, row_lse, bmm2, acc[i]);
+  }
 }
 
 // Called by every thread of every CTA after its attention work (a CTA with none included).
@@ -235,6 +309,19 @@ __device__ __forceinline__ void combine_splits(const MlaParams& p) {
       if (n > 0) unit = make_unit(p, b, m);
     }
     if (n == 0 || r >= unit.rows) continue;
+    if (per_row == 1 && n <= 32 / kCombineRows) {
+      // Whole rows, few splits: up to kCombineRows of this warp's rows of the unit merged
+      // together, where that takes fewer rounds of loads than one row after another.
+      const int k = (int)min((long long)min(kCombineRows, unit.rows - r), item1 - item);
+      constexpr int kS = kCombineLoadsInFlight / (kCombineRows * kCombineChunks);
+      const int row_rounds = (n + kCombineLoadsInFlight / kCombineChunks - 1) / (kCombineLoadsInFlight / kCombineChunks);
+      if (k > 1 && (n + kS - 1) / kS < k * row_rounds) {
+        combine_rows<kCombineRows>(p, unit, slots, n, r, k, bmm2);
+        item += k - 1;
+        cur_row = -1;
+        continue;
+      }
+    }
     // A row's chunks are consecutive: its weights are worked out once, at its first.
     const bool new_row = r != cur_row;
     if (new_row) __syncwarp();  // weight of the previous row no longer read

@@ -133,13 +133,15 @@ __device__ void attention_narrow(const MlaParams& p) {
     const int kb0 = w.kb0, kb1 = w.kb1, kv_len = unit.kv_len;
     const int* bt_row = p.block_tables + (long long)unit.b * p.block_table_stride;
 
-    if (tw < 32 && kb0 + wg < kb1) {
-      const int page = block_pages(p, bt_row, kb0 + wg, kv_len);
-      issue_kv_half(p, stage, bars, kb0 + wg, 0, page, 0);
-      issue_kv_half(p, stage, bars, kb0 + wg, 1, page, 0);
-    }
+    // Q first (as the seesaw's prologue): warp 0's share of it must not wait behind its TMA,
+    // which waits on the block table.
+    const int first_page = tw < 32 && kb0 + wg < kb1 ? block_pages(p, bt_row, kb0 + wg, kv_len) : p.num_pages;
     load_q_rows<kN>(sQ, p, unit.q_row_base, unit.rows);
     cp_async_commit();
+    if (tw < 32 && kb0 + wg < kb1) {
+      issue_kv_half(p, stage, bars, kb0 + wg, 0, first_page, 0);
+      issue_kv_half(p, stage, bars, kb0 + wg, 1, first_page, 0);
+    }
     cp_async_wait_all();
     fence_proxy_async_smem();
     __syncthreads();

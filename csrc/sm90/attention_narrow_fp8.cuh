@@ -4,7 +4,7 @@
 // both matmuls run on e4m3 wgmmas:
 //   S^T = K Q^T     both operands from shared memory: A = the K boxes as they landed, B = Q. A bf16
 //                   query is split into two e4m3 rows per query row (hi, lo: exact for bf16
-//                   elements down to ~2^-13 of the row's largest, see load_q_rows_e4m3), N = 2 kN,
+//                   elements down to ~2^-13 of the row's largest, see store_q_rows_e4m3), N = 2 kN,
 //                   s = S_hi + S_lo / 16; an e4m3 query is used as it is (N = kN). No conversion
 //                   of K. (Hopper's fp8 wgmma accumulates with reduced precision, ~14 bits per
 //                   DeepSeek-V3; within the tests' tolerances over 576 products, fuzz included.)
@@ -290,11 +290,17 @@ __device__ __forceinline__ void split_e4m3_hilo(const uint4& v, float down, floa
 // warpgroup finds e_c of every row itself (into its own qexp row, read only by its own threads)
 // and stores half of the rows: thread tw takes row tw / kP, 16-byte chunks tw % kP + kP k.
 // kQ8: the query is e4m3 already (its scale in bmm1_scale): its bytes go into the hi rows as they
-// are, no lo rows, no qexp.
+// are, no lo rows, no qexp. Two steps, so that a caller can issue its TMA between Q's loads
+// (load_q_rows_e4m3_raw) and their first use (store_q_rows_e4m3).
+template <int kN>
+constexpr int kQChunksE4m3 = kHeadDimQK / 8 / (128 / kN);  // chunks of 8 columns per thread
+
+// This thread's chunks of its Q row: 8 bf16 per chunk, or 8 e4m3 in .x and .y (kQ8; loaded only
+// where this warpgroup stores the row).
 template <int kN, bool kQ8>
-__device__ __forceinline__ void load_q_rows_e4m3(uint8_t* sQ, int* qexp, const MlaParams& p, long long row_base,
-                                                 int rows, int wg) {
-  constexpr int kP = 128 / kN, kChunks = kHeadDimQK / 8 / kP;  // threads per row, chunks per thread
+__device__ __forceinline__ void load_q_rows_e4m3_raw(const MlaParams& p, long long row_base, int rows, int wg,
+                                                     uint4 (&v)[kQChunksE4m3<kN>]) {
+  constexpr int kP = 128 / kN, kChunks = kQChunksE4m3<kN>;  // threads per row, chunks per thread
   const int tw = threadIdx.x & 127, c = tw / kP, part = tw % kP;
   const bool valid = c < rows;
   if constexpr (kQ8) {
@@ -303,14 +309,27 @@ __device__ __forceinline__ void load_q_rows_e4m3(uint8_t* sQ, int* qexp, const M
                                                        (valid ? (row_base + c) * kHeadDimQK : 0));
 #pragma unroll
     for (int k = 0; k < kChunks; ++k) {
-      const int col = 8 * (part + kP * k), b = col >> 6, j0 = col & 63;
       const uint2 q8 = valid ? __ldg(src8 + part + kP * k) : make_uint2(0, 0);
-      *reinterpret_cast<uint2*>(sQ + b * kFp8QBoxBytes<kN> + sw64(c, j0 >> 4) + (j0 & 15)) = q8;
+      v[k] = make_uint4(q8.x, q8.y, 0, 0);
+    }
+  } else {
+    load_q_row_bf16_raw<kP>(p, row_base, c, part, valid, v);
+  }
+}
+
+template <int kN, bool kQ8>
+__device__ __forceinline__ void store_q_rows_e4m3(uint8_t* sQ, int* qexp, int wg, const uint4 (&v)[kQChunksE4m3<kN>]) {
+  constexpr int kP = 128 / kN, kChunks = kQChunksE4m3<kN>;
+  const int tw = threadIdx.x & 127, c = tw / kP, part = tw % kP;
+  if constexpr (kQ8) {
+    if (c / (kN / 2) != wg) return;
+#pragma unroll
+    for (int k = 0; k < kChunks; ++k) {
+      const int col = 8 * (part + kP * k), b = col >> 6, j0 = col & 63;
+      *reinterpret_cast<uint2*>(sQ + b * kFp8QBoxBytes<kN> + sw64(c, j0 >> 4) + (j0 & 15)) = make_uint2(v[k].x, v[k].y);
     }
     return;
   }
-  uint4 v[kChunks];
-  load_q_row_bf16_raw<kP>(p, row_base, c, part, valid, v);
   const uint32_t amax = q_row_amax<kP>(v);
   const bool finite = amax < 0x7f800000u;
   const int e = q_row_exponent(amax);
@@ -551,12 +570,13 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
     const int* bt_row = p.block_tables + (long long)unit.b * p.block_table_stride;
 
     // The warpgroup's first two blocks, one per stage.
+    // Q's loads go out before warp 0's TMA (which waits on the block table), their use after it.
+    uint4 qv[kQChunksE4m3<kN>];
     if constexpr (kTma) {
-      if (tw < 32) {
-        int pages[2];
-        first_block_pages_fp8(p, bt_row, kb0, kb1, kv_len, wg, pages);
-        issue_first_blocks_fp8(p, ss.kv, ss.bar, kb0, kb1, wg, loads, pages);
-      }
+      int pages[2];
+      if (tw < 32) first_block_pages_fp8(p, bt_row, kb0, kb1, kv_len, wg, pages);
+      load_q_rows_e4m3_raw<kN, kQ8>(p, unit.q_row_base, unit.rows, wg, qv);
+      if (tw < 32) issue_first_blocks_fp8(p, ss.kv, ss.bar, kb0, kb1, wg, loads, pages);
     } else {
       // Both page ids first: the two loads overlap before the copies that depend on them.
       const int page0 = kb0 + wg < kb1 ? token_page(p, bt_row, kb0 + wg, kv_len) : p.num_pages;
@@ -573,7 +593,8 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
         }
       }
     }
-    load_q_rows_e4m3<kN, kQ8>(&ss.q[0][0], ss.qexp[wg], p, unit.q_row_base, unit.rows, wg);
+    if constexpr (!kTma) load_q_rows_e4m3_raw<kN, kQ8>(p, unit.q_row_base, unit.rows, wg, qv);
+    store_q_rows_e4m3<kN, kQ8>(&ss.q[0][0], ss.qexp[wg], wg, qv);
     fence_proxy_async_smem();
     __syncthreads();
 
