@@ -246,6 +246,30 @@ def test_fp8_long_pv_chain(H, sms, kv_lens, q8, monkeypatch):
            p_dtype=torch.float8_e4m3fn if q8 else torch.bfloat16)
 
 
+# The merge with several whole rows per warp and few splits: combine_rows merges up to 4 of a
+# warp's rows of a unit together (their loads in flight at once). At 3-5 SMs (24-40 warps) the
+# split units' rows go 3-6 to a warp, so batches end inside units, at a unit's end and at a
+# partial unit (H 16, q_len 3: units of 32 and 16 rows); sinks and the LSE go through its
+# per-row finalize. Every kernel family that splits: seesaw, wide (e4m3 query), narrow.
+@pytest.mark.parametrize("dtype,q8", [(torch.bfloat16, False), (torch.float8_e4m3fn, False),
+                                      (torch.float8_e4m3fn, True)], ids=["bf16", "fp8", "fp8q"])
+@pytest.mark.parametrize("q_lens,H,sms", [
+    (1, 128, 4),
+    (2, 64, 5),
+    ([3, 1, 4, 2], 16, 3),
+    ([2, 1, 3, 2], 128, 5),
+])
+def test_merge_rows_together(q_lens, H, sms, dtype, q8, monkeypatch):
+    import jit_mla.api as api
+
+    case = make_case(4, q_lens, H, 64, [3000, 700, 2500, 1200], dtype=dtype,
+                     q_dtype=torch.float8_e4m3fn if q8 else torch.bfloat16, device=DEV, seed=53 + sms)
+    monkeypatch.setitem(api._sm_counts, torch.device(DEV).index or 0, sms)
+    out, lse = _run(case, sinks=True)
+    _check(case, out, lse, sinks=True, label=f"merge rows H{H} {sms} SMs {dtype} q8={q8}",
+           p_dtype=torch.float8_e4m3fn if q8 else torch.bfloat16)
+
+
 # Query rows far outside e4m3's (and f16's) range (|q| up to ~2^19, or ~2^-18), bmm1_scale scaled
 # back by the same power of 2, so the logits are those of N(0, 1) data: a kernel that put Q in
 # e4m3 without its per-row exponent would saturate, or lose the small rows' digits. H 16: the

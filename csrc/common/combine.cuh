@@ -24,7 +24,11 @@ constexpr int kCombineWarps = kNumThreads / 32;           // 8
 constexpr int kCombineCols = 32 * 8;                      // 256 columns: 8 bf16 (16 bytes) per lane
 constexpr int kCombineChunks = kHeadDimV / kCombineCols;  // 2 per row
 constexpr int kCombineQuarters = 4;                          // 128-column items: 4 bf16 per lane
-constexpr int kCombineLoadsInFlight = 16;                 // 16-byte loads per lane per step
+constexpr int kCombineLoadsInFlight = 16;                 // 16-byte loads per lane per step (combine_rows)
+// combine_cols: registers per lane that a step's partial loads fill (9 splits of a whole row, 18
+// of a 256-column chunk, 36 of a 128-column one): the loop is bound by the latency of these
+// loads, so a step takes as many splits as fit.
+constexpr int kCombineRegsInFlight = 72;
 constexpr int kCombineRows = 4;                           // whole rows merged together (combine_rows)
 
 // Per warp: the current unit's partial slots and the current row's per-split LSE, then weight.
@@ -35,25 +39,33 @@ struct CombineSmem {
 };
 static_assert(sizeof(CombineSmem) <= kTileBytes, "the combine reuses the Q tile's shared memory");
 
+// Set s's range [bounds[s], bounds[s + 1]) (an empty one past the last set).
+struct SetRange {
+  WorkPos a, c;
+};
+__device__ __forceinline__ SetRange load_set_range(const MlaParams& p, int s, int num_sets) {
+  if (s >= num_sets) return SetRange{WorkPos{INT_MAX, 0}, WorkPos{INT_MAX, 0}};
+  return SetRange{p.bounds[s], p.bounds[s + 1]};
+}
+
 // Slots holding the partials of (lane_m) unit of group grp, in order, into slots; returns their
 // count (in every lane). The sets whose ranges [bounds[s], bounds[s+1]) meet the group are
 // consecutive from its first set (the plan lists it); empty ranges (equal bounds) wrote nothing.
-// The warp scans 32 sets per step.
+// The warp scans 32 sets per step; first: the ranges of sets first_set + lane, loaded by the
+// caller ahead of its request search (both depend only on the split list).
 __device__ __forceinline__ int collect_slots(const MlaParams& p, int grp, int first_set, int lane_m,
-                                             int* slots) {
+                                             SetRange first, int* slots) {
   const int lane = threadIdx.x & 31;
   const int num_sets = p.num_ctas / p.m_group;
   int count = 0;
+  SetRange r = first;
   for (int base = first_set; base < num_sets; base += 32) {
     const int s = base + lane;
-    bool in = false, past = false;
-    if (s < num_sets) {
-      const WorkPos a = p.bounds[s], c = p.bounds[s + 1];
-      past = a.group > grp;
-      in = !past && !(a.group == c.group && a.block == c.block);
-    }
+    if (base != first_set) r = load_set_range(p, s, num_sets);
+    const bool past = r.a.group > grp;  // past the last set too (INT_MAX)
+    const bool in = s < num_sets && !past && !(r.a.group == r.c.group && r.a.block == r.c.block);
     const unsigned take = __ballot_sync(0xffffffffu, in);
-    if (in) slots[count + __popc(take & ((1u << lane) - 1))] = partial_slot(p, s, grp, lane_m);
+    if (in) slots[count + __popc(take & ((1u << lane) - 1))] = partial_slot_at(p, r.a, s, grp, lane_m);
     count += __popc(take);
     if (__any_sync(0xffffffffu, past)) break;
   }
@@ -64,17 +76,23 @@ __device__ __forceinline__ int collect_slots(const MlaParams& p, int grp, int fi
 // The request owning group g (largest b with group_prefix[b] <= g), as find_request, but 32
 // pivots per step, one per lane: one or two dependent loads for up to 1024 requests instead of
 // log2(B). The combine's unit lookups are chains of dependent loads; this is the longest link.
-__device__ __forceinline__ int find_request_warp(const MlaParams& p, int g) {
+// *prefix: group_prefix[b], from the step that found it (group_prefix[0] is 0: the plan's scans
+// start there), so that no load of it follows.
+__device__ __forceinline__ int find_request_warp(const MlaParams& p, int g, int* prefix) {
   const int lane = threadIdx.x & 31;
   int lo = 0, hi = p.batch - 1;  // the answer is in [lo, hi]; group_prefix[lo] <= g holds
+  int at_lo = 0;                 // group_prefix[lo]
   while (lo < hi) {
     const int step = (hi - lo + 32) / 32;  // ceil((hi - lo + 1) / 32)
     const int pivot = lo + lane * step;
-    const bool ok = pivot <= hi && p.group_prefix[pivot] <= g;  // lane 0: pivot lo, always ok
+    const int gp = pivot <= hi ? p.group_prefix[pivot] : INT_MAX;
+    const bool ok = gp <= g;  // lane 0: pivot lo, always ok
     const int last = 31 - __clz(__ballot_sync(0xffffffffu, ok));
+    at_lo = __shfl_sync(0xffffffffu, gp, last);
     lo += last * step;
     hi = min(hi, lo + step - 1);
   }
+  *prefix = at_lo;
   return lo;
 }
 
@@ -105,14 +123,13 @@ __device__ __forceinline__ float row_weights(const MlaParams& p, const int* slot
 
 // Row r's kChunks chunks of 32 kLane columns (kLane bf16 per lane: 8 or 4) from column col0 on,
 // of splits j .. j + 16 / kChunks - 1 (missing splits read nothing: 0), as kLane / 2 words.
-template <int kChunks, int kLane>
+template <int kSplits, int kChunks, int kLane>
 __device__ __forceinline__ void load_partials(const MlaParams& p, const int* slots, int n, int j,
-                                              int r, int col0,
-                                              uint32_t (&v)[kCombineLoadsInFlight / kChunks][kChunks][kLane / 2]) {
+                                              int r, int col0, uint32_t (&v)[kSplits][kChunks][kLane / 2]) {
   constexpr int kCols = 32 * kLane;
   const int lane = threadIdx.x & 31;
 #pragma unroll
-  for (int k = 0; k < kCombineLoadsInFlight / kChunks; ++k) {
+  for (int k = 0; k < kSplits; ++k) {
     const __nv_bfloat16* src = partial_row(p, slots[min(j + k, n - 1)], r) + col0 + kLane * lane;
 #pragma unroll
     for (int c = 0; c < kChunks; ++c) {
@@ -162,27 +179,26 @@ __device__ __forceinline__ void store_row_cols(const MlaParams& p, const Unit& u
 }
 
 // kChunks chunks of 32 kLane columns of row r from column col0 on: sum_j weight_j O_j, finalized.
-// Each step loads kCombineLoadsInFlight / kChunks splits' chunks at once: the loop is bound by
-// the latency of these loads, so a whole row (few splits) and a lone chunk (many splits) both
-// keep 16 in flight per lane. new_row: the row's weights (and *lse_io) are not worked out yet;
+// Each step loads the chunks of as many splits as fill kCombineRegsInFlight registers per lane.
+// new_row: the row's weights (and *lse_io) are not worked out yet;
 // that happens while the first partials are in flight (the two sets of loads are independent).
 template <int kChunks, int kLane>
 __device__ __forceinline__ void combine_cols(const MlaParams& p, const Unit& unit, const int* slots,
                                              float* weight, int n, int r, int col0, bool new_row,
                                              float* lse_io, float bmm2) {
-  constexpr int kSplits = kCombineLoadsInFlight / kChunks, kCols = 32 * kLane;
+  constexpr int kSplits = kCombineRegsInFlight / (kChunks * kLane / 2);
   float acc[kChunks][kLane];
 #pragma unroll
   for (int c = 0; c < kChunks; ++c)
 #pragma unroll
     for (int i = 0; i < kLane; ++i) acc[c][i] = 0.f;
   uint32_t v[kSplits][kChunks][kLane / 2];
-  load_partials<kChunks, kLane>(p, slots, n, 0, r, col0, v);
+  load_partials<kSplits, kChunks, kLane>(p, slots, n, 0, r, col0, v);
   if (new_row) *lse_io = row_weights(p, slots, weight, n, r);
   const float lse = *lse_io;
   const int lane = threadIdx.x & 31;
   for (int j = 0; j < n; j += kSplits) {
-    if (j > 0) load_partials<kChunks, kLane>(p, slots, n, j, r, col0, v);
+    if (j > 0) load_partials<kSplits, kChunks, kLane>(p, slots, n, j, r, col0, v);
 #pragma unroll
     for (int k = 0; k < kSplits; ++k) {
       const float w = j + k < n ? weight[j + k] : 0.f;
@@ -302,11 +318,15 @@ __device__ __forceinline__ void combine_splits(const MlaParams& p) {
       cur_row = -1;
       const int grp = p.split_groups[1 + 2 * (u / p.m_group)], lane_m = u % p.m_group;
       const int first_set = p.split_groups[2 + 2 * (u / p.m_group)];
-      const int b = find_request_warp(p, grp);
-      const int m = (grp - p.group_prefix[b]) * p.m_group + lane_m;
+      // Three rounds of dependent loads before the partials: the split list; the set ranges
+      // with the request search; the request's lengths (make_unit) while the slots are scanned.
+      const SetRange first = load_set_range(p, first_set + (threadIdx.x & 31), p.num_ctas / p.m_group);
+      int prefix;
+      const int b = find_request_warp(p, grp, &prefix);
+      const int m = (grp - prefix) * p.m_group + lane_m;
+      unit = make_unit(p, b, m);
       // The request's last group may have no unit in this lane: nothing to merge.
-      n = m < request_num_units(p, b) ? collect_slots(p, grp, first_set, lane_m, slots) : 0;
-      if (n > 0) unit = make_unit(p, b, m);
+      n = m < request_num_units(p, b) ? collect_slots(p, grp, first_set, lane_m, first, slots) : 0;
     }
     if (n == 0 || r >= unit.rows) continue;
     if (per_row == 1 && n <= 32 / kCombineRows) {
@@ -314,7 +334,8 @@ __device__ __forceinline__ void combine_splits(const MlaParams& p) {
       // together, where that takes fewer rounds of loads than one row after another.
       const int k = (int)min((long long)min(kCombineRows, unit.rows - r), item1 - item);
       constexpr int kS = kCombineLoadsInFlight / (kCombineRows * kCombineChunks);
-      const int row_rounds = (n + kCombineLoadsInFlight / kCombineChunks - 1) / (kCombineLoadsInFlight / kCombineChunks);
+      constexpr int kRowSplits = kCombineRegsInFlight / (kCombineChunks * 4);  // combine_cols' per step
+      const int row_rounds = (n + kRowSplits - 1) / kRowSplits;
       if (k > 1 && (n + kS - 1) / kS < k * row_rounds) {
         combine_rows<kCombineRows>(p, unit, slots, n, r, k, bmm2);
         item += k - 1;

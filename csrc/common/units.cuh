@@ -91,10 +91,13 @@ __device__ __forceinline__ bool pos_less(WorkPos a, WorkPos b) {
 // Partial-result slot of CTA set s for (lane) unit of group g: the set splits at most the group
 // its range starts inside of (slot pair 2s) and the one it ends inside of (2s+1); each of the
 // set's m_group CTAs has its own slot in the pair.
-__device__ __forceinline__ int partial_slot(const MlaParams& p, int s, int g, int lane) {
-  const WorkPos beg = p.bounds[s];
+// beg: bounds[s], where the caller has it already.
+__device__ __forceinline__ int partial_slot_at(const MlaParams& p, WorkPos beg, int s, int g, int lane) {
   const int which = (beg.group == g && beg.block > 0) ? 0 : 1;
   return (kSlotsPerCta * s + which) * p.m_group + lane;
+}
+__device__ __forceinline__ int partial_slot(const MlaParams& p, int s, int g, int lane) {
+  return partial_slot_at(p, p.bounds[s], s, g, lane);
 }
 
 // Row r of a split unit's normalized partial O in its slot: 512 bf16 (the slot is sized for the
