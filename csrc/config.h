@@ -29,10 +29,10 @@ constexpr int kTileBytes = kNumBoxesQK * kBoxBytes; // 72 KiB: Q tile or one KV 
 constexpr int kNumStages = 2;                       // KV tiles in flight
 
 // Split-KV planning. A unit (one 64-row tile of one request) costs its KV blocks plus a fixed
-// overhead (Q load, first loads, epilogue, partial write), in KV-block units; a CTA set gets at
-// least kMinSetCost of cost so that short inputs do not shatter into tiny splits.
-constexpr int kUnitOverheadBlocks = 3;
-constexpr int kMinSetCost = 4;
+// overhead (Q load, epilogue, partial write), in KV-block units; a CTA gets at least
+// kMinBlocksPerCta of work so that short inputs do not shatter into tiny splits.
+constexpr int kUnitOverheadBlocks = 2;
+constexpr int kMinBlocksPerCta = 2;
 constexpr int kWholeGroupSetsPct = 85;  // equal groups: give up to 15% of the sets to split nothing
 constexpr int kSlotsPerCta = 2;  // a CTA's range splits at most its first and its last unit
 constexpr int kMaxCtas = 1024;   // the combine keeps one slot and one weight per split in smem
