@@ -196,7 +196,6 @@ __device__ __forceinline__ void combine_cols(const MlaParams& p, const Unit& uni
   load_partials<kSplits, kChunks, kLane>(p, slots, n, 0, r, col0, v);
   if (new_row) *lse_io = row_weights(p, slots, weight, n, r);
   const float lse = *lse_io;
-  const int lane = threadIdx.x & 31;
   for (int j = 0; j < n; j += kSplits) {
     if (j > 0) load_partials<kSplits, kChunks, kLane>(p, slots, n, j, r, col0, v);
 #pragma unroll
