@@ -122,7 +122,7 @@ __device__ __forceinline__ float row_weights(const MlaParams& p, const int* slot
 }
 
 // Row r's kChunks chunks of 32 kLane columns (kLane bf16 per lane: 8 or 4) from column col0 on,
-// of splits j .. j + 16 / kChunks - 1 (missing splits read nothing: 0), as kLane / 2 words.
+// of splits j .. j + kSplits - 1 (missing splits read nothing: 0), as kLane / 2 words.
 template <int kSplits, int kChunks, int kLane>
 __device__ __forceinline__ void load_partials(const MlaParams& p, const int* slots, int n, int j,
                                               int r, int col0, uint32_t (&v)[kSplits][kChunks][kLane / 2]) {
