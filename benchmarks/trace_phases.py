@@ -12,7 +12,8 @@ With bit 3 (8) of JIT_MLA_PROBE set, thread 0 of every CTA records its %globalti
 at the end of the kernel into global memory (csrc/common/probe.h), printed after the call by the
 cubin's mla_probe_dump (the launcher's probe_dump; the attention kernels never printf, which made
 ptxas serialize their wgmmas, C7510, up to session 7): entry, past the PDL wait, planned, attention done,
-past the grid barrier (0 when nothing was split), merge done. With bit 4 (16), thread 0 of each
+past the grid barrier (0 when nothing was split), merge done; with its planned range, so that the
+attention times are also printed by the ranges' piece counts. With bit 4 (16), thread 0 of each
 seesaw warpgroup prints the cycles it spent waiting for QK^T's KV boxes, for V boxes, for the
 other warpgroup's hand-offs and for its own wgmma, and in its units' prologues, pair loops and
 epilogues, with the pair count. This script runs the call once to warm up, then once traced,
@@ -39,7 +40,8 @@ import torch
 
 from profile_one import uniform_call  # benchmarks/ is on sys.path: this script's folder
 
-_LINE = re.compile(r"jit_mla-trace cta=(\d+) sm=(\d+) t=(\d+),(\d+),(\d+),(\d+),(\d+),(\d+)")
+_LINE = re.compile(r"jit_mla-trace cta=(\d+) sm=(\d+) t=(\d+),(\d+),(\d+),(\d+),(\d+),(\d+)"
+                   r"(?: r=(\d+),(\d+),(\d+),(\d+))?")
 _WAITS = re.compile(r"jit_mla-waits cta=(\d+) wg=(\d+) c=((?:\d+,){7}\d+)")
 _TL = re.compile(r"jit_mla-tl wg=(\d+) i=(\d+) ev=(\d+) t=(\d+)")
 # TimelineEvent (csrc/common/probe.h), in its order.
@@ -54,12 +56,37 @@ MARKS = ("entry", "ready", "planned", "attended", "synced", "done")
 
 
 def parse(text: str) -> list[dict]:
-    """One record per CTA line: cta, sm, and the six marks (ns; synced 0 when there was no barrier)."""
+    """One record per CTA line: cta, sm, the six marks (ns; synced 0 when there was no barrier)
+    and, where the line has it, the CTA's planned range ("range": begin group, block, end group,
+    block; [begin, end))."""
     rows = []
     for m in _LINE.finditer(text):
-        t = [int(x) for x in m.groups()[2:]]
-        rows.append({"cta": int(m.group(1)), "sm": int(m.group(2)), **dict(zip(MARKS, t))})
+        t = [int(x) for x in m.groups()[2:8]]
+        row = {"cta": int(m.group(1)), "sm": int(m.group(2)), **dict(zip(MARKS, t))}
+        if m.group(9) is not None:
+            row["range"] = tuple(int(x) for x in m.groups()[8:12])
+        rows.append(row)
     return rows
+
+
+def pieces(rng: tuple[int, int, int, int]) -> int:
+    """Pieces of a planned range [(g0, b0), (g1, b1)): the groups it holds a part of (each its own
+    unit start, end and, when split, partial store)."""
+    g0, b0, g1, b1 = rng
+    if (g0, b0) == (g1, b1):
+        return 0
+    return g1 - g0 + (1 if b1 > 0 else 0)
+
+
+def attention_by_pieces(rows: list[dict]) -> dict[int, dict]:
+    """Attention phase (µs) of the CTAs grouped by their ranges' piece counts: how many, median,
+    max. Whether the CTAs that finish late are the ones with more pieces (the plan's cost model
+    charges a group's overhead once, a piece pays it again) or any (bandwidth, placement)."""
+    by: dict[int, list[float]] = {}
+    for r in rows:
+        if "range" in r:
+            by.setdefault(pieces(r["range"]), []).append((r["attended"] - r["planned"]) / 1e3)
+    return {k: {"ctas": len(v), "median": statistics.median(v), "max": max(v)} for k, v in sorted(by.items())}
 
 
 def parse_waits(text: str) -> list[dict]:
@@ -192,6 +219,9 @@ def main() -> None:
         for key in ("pdl wait", "plan", "attention", "barrier wait", "merge"):
             print(f"  {key:26s} median {summary[key]['median']:8.2f} µs, max {summary[key]['max']:8.2f} µs")
         print(f"  slowest attention CTA: {summary['slowest attention cta']}")
+        for k, v in attention_by_pieces(rows).items():
+            print(f"  attention of CTAs with {k} piece(s): {v['ctas']:4d} CTAs, median {v['median']:8.2f} µs,"
+                  f" max {v['max']:8.2f} µs")
     wait_summary = summarize_waits(waits)
     for wg, w in wait_summary.items():
         print(f"  {wg} ({w['ctas']} CTAs, {w['pairs']} pairs), cycles per pair (share of the loop):")

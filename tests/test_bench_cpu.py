@@ -180,6 +180,17 @@ def test_trace_script_without_a_gpu(monkeypatch):
     assert s["attention"] == {"median": pytest.approx(37.5), "max": pytest.approx(40.0)}
     assert s["barrier wait"]["max"] == pytest.approx(6.0) and s["merge"]["max"] == pytest.approx(5.0)
     assert s["slowest attention cta"] == 1
+    # the planned ranges (probe builds since session 17): pieces = the groups a range holds a part of
+    ranged = trace.parse(
+        "jit_mla-trace cta=0 sm=0 t=0,10,1000,41000,47000,50000 r=0,0,0,40\n"
+        "jit_mla-trace cta=1 sm=1 t=0,10,1000,45000,47000,50000 r=0,40,1,20\n"
+        "jit_mla-trace cta=2 sm=2 t=0,10,1000,43000,47000,50000 r=1,20,3,0\n"
+        "jit_mla-trace cta=3 sm=3 t=0,10,1000,1000,47000,50000 r=3,0,3,0\n")
+    assert ranged[1]["range"] == (0, 40, 1, 20) and "range" not in rows[0]
+    assert [trace.pieces(r["range"]) for r in ranged] == [1, 2, 2, 0]
+    by = trace.attention_by_pieces(ranged)
+    assert by[1] == {"ctas": 1, "median": pytest.approx(40.0), "max": pytest.approx(40.0)}
+    assert by[2]["ctas"] == 2 and by[2]["median"] == pytest.approx(43.0) and by[2]["max"] == pytest.approx(44.0)
     # no barrier (nothing split): synced is 0 on every CTA, and the merge phases read 0
     unsplit = trace.summarize(trace.parse("jit_mla-trace cta=0 sm=0 t=0,10,20,30,0,40\n"))
     assert not unsplit["split"] and unsplit["merge"]["max"] == 0

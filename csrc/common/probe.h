@@ -160,8 +160,21 @@ __device__ __forceinline__ void tl_print() {}
 
 #if (JIT_MLA_PROBE & 8) != 0
 __shared__ unsigned long long s_probe_trace[kNumMarks];
+__shared__ int s_probe_range[4];  // the CTA's planned range: begin group, block, end group, block
 __device__ unsigned long long g_probe_trace[kProbeMaxCtas][kNumMarks + 1];  // the marks, then the SM id
+__device__ int g_probe_range[kProbeMaxCtas][4];
 __device__ int g_probe_ctas;
+
+// The CTA's share of the plan, [beg, end) in (group, block), printed with its marks: which CTAs
+// run more pieces (a piece = the part of one group in the range) or finish late.
+__device__ __forceinline__ void trace_range(int beg_group, int beg_block, int end_group, int end_block) {
+  if (threadIdx.x == 0) {
+    s_probe_range[0] = beg_group;
+    s_probe_range[1] = beg_block;
+    s_probe_range[2] = end_group;
+    s_probe_range[3] = end_block;
+  }
+}
 
 __device__ __forceinline__ void trace_mark(int mark) {
   if (threadIdx.x == 0) {
@@ -177,11 +190,13 @@ __device__ __forceinline__ void trace_print() {
     asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
     for (int i = 0; i < kNumMarks; ++i) g_probe_trace[blockIdx.x][i] = s_probe_trace[i];
     g_probe_trace[blockIdx.x][kNumMarks] = sm;
+    for (int i = 0; i < 4; ++i) g_probe_range[blockIdx.x][i] = s_probe_range[i];
     if (blockIdx.x == 0) g_probe_ctas = gridDim.x < kProbeMaxCtas ? gridDim.x : kProbeMaxCtas;
   }
 }
 #else
 __device__ __forceinline__ void trace_mark(int) {}
+__device__ __forceinline__ void trace_range(int, int, int, int) {}
 __device__ __forceinline__ void trace_print() {}
 #endif
 #if (JIT_MLA_PROBE & 56) != 0
@@ -191,8 +206,9 @@ __device__ __forceinline__ void probe_dump() {
 #if (JIT_MLA_PROBE & 8) != 0
   for (int c = 0; c < g_probe_ctas; ++c) {
     const unsigned long long* t = g_probe_trace[c];
-    printf("jit_mla-trace cta=%d sm=%llu t=%llu,%llu,%llu,%llu,%llu,%llu\n", c, t[kNumMarks], t[0], t[1], t[2],
-           t[3], t[4], t[5]);
+    const int* r = g_probe_range[c];
+    printf("jit_mla-trace cta=%d sm=%llu t=%llu,%llu,%llu,%llu,%llu,%llu r=%d,%d,%d,%d\n", c, t[kNumMarks], t[0],
+           t[1], t[2], t[3], t[4], t[5], r[0], r[1], r[2], r[3]);
   }
 #endif
 #if (JIT_MLA_PROBE & 16) != 0

@@ -62,7 +62,9 @@ __device__ __forceinline__ CtaRange start_cta(const MlaParams& p, PlanScratch<kT
   pdl_launch_dependents();
   plan_splits<kThreads>(p, scratch);
   trace_mark(kMarkPlanned);
-  return cta_range(p);
+  const CtaRange cr = cta_range(p);
+  trace_range(cr.beg.group, cr.beg.block, cr.end.group, cr.end.block);
+  return cr;
 }
 // With the planner's scratch in static shared memory.
 template <int kThreads>
