@@ -4,10 +4,11 @@
 // the rows of every split unit. One launch per call instead of two saves ~2.5 us of host time
 // and the drain-and-launch gap between two kernels on the GPU.
 //
-// One warp per item, an output row (or 128 or 256 columns of one): it weighs the row's n normalized
-// bf16 partials (partial_row) in fp32 and writes bf16. A warp's items are contiguous, so
-// consecutive items mostly share a row (whose weights it works out once) and a unit (whose list
-// of partial slots it collects once).
+// Items of output rows (a whole row, or 128 or 256 columns of one), contiguous per warp: a warp
+// weighs a row's n normalized bf16 partials (partial_row) in fp32 and writes bf16, one item after
+// another (combine_cols) or, for whole rows with few splits, up to four rows of one unit together
+// (combine_rows). Consecutive items mostly share a row (whose weights it works out once) and a
+// unit (whose list of partial slots it collects once).
 #pragma once
 #include <cooperative_groups.h>
 
@@ -211,7 +212,10 @@ __device__ __forceinline__ void combine_cols(const MlaParams& p, const Unit& uni
 // Whole rows r0 .. r0 + k - 1 (k <= kR) of one unit, n <= 32 / kR splits each, merged together:
 // every row's loads in flight at once (one row after another, a warp's rows were a round trip
 // each: 4 rows of ~3 splits per warp at B32 H128). The weights stay in registers: lane
-// i kSeg + j holds split j of row i, its LSE reduced over the row's kSeg lanes.
+// i kSeg + j holds split j of row i, its LSE reduced over the row's kSeg lanes. The same numbers
+// as row_weights + combine_cols while a segment has a lane past n (its -inf): with all kSeg
+// LSEs NaN, row_weights' fmaxf from -inf gives lse -inf, this NaN. The caller's rounds test
+// keeps n <= 6 here.
 template <int kR>
 __device__ __forceinline__ void combine_rows(const MlaParams& p, const Unit& unit, const int* slots, int n, int r0,
                                              int k, float bmm2) {
@@ -317,8 +321,9 @@ __device__ __forceinline__ void combine_splits(const MlaParams& p) {
       cur_row = -1;
       const int grp = p.split_groups[1 + 2 * (u / p.m_group)], lane_m = u % p.m_group;
       const int first_set = p.split_groups[2 + 2 * (u / p.m_group)];
-      // Three rounds of dependent loads before the partials: the split list; the set ranges
-      // with the request search; the request's lengths (make_unit) while the slots are scanned.
+      // Three rounds of dependent loads before the partials (B <= 32, a scan of <= 32 sets):
+      // the split list; the set ranges with the request search; the request's lengths
+      // (make_unit) while the slots are scanned. Larger batches add a search step each.
       const SetRange first = load_set_range(p, first_set + (threadIdx.x & 31), p.num_ctas / p.m_group);
       int prefix;
       const int b = find_request_warp(p, grp, &prefix);
