@@ -22,7 +22,9 @@ and the largest duration over the CTAs, the spreads of the CTAs' starts and atte
 barrier waits for the last one), and per warpgroup the wait cycles per block pair. With bit 5
 (32), thread 0 of each warpgroup of CTA 0 records a clock() timeline of a few block pairs
 (TimelineEvent in probe.h), printed here as one merged list: cycles since the first mark, which
-warpgroup, which event.
+warpgroup, which event. With bit 6 (64; with bit 3: 72), lane 0 of warp 0 of CTA 0 records a clock()
+mark at each step of its merge (MergeEvent: unit lookup, request search, slot scan, weights,
+each round of partial loads, store), printed in order with the gaps.
 """
 
 from __future__ import annotations
@@ -44,6 +46,10 @@ _LINE = re.compile(r"jit_mla-trace cta=(\d+) sm=(\d+) t=(\d+),(\d+),(\d+),(\d+),
                    r"(?: r=(\d+),(\d+),(\d+),(\d+))?")
 _WAITS = re.compile(r"jit_mla-waits cta=(\d+) wg=(\d+) c=((?:\d+,){7}\d+)")
 _TL = re.compile(r"jit_mla-tl wg=(\d+) i=(\d+) ev=(\d+) t=(\d+)")
+_MTL = re.compile(r"jit_mla-mtl i=(\d+) ev=(\d+) t=(\d+)")
+# MergeEvent (csrc/common/probe.h), in its order.
+MERGE_EVENTS = ("synced", "unit lookup", "request found", "slots scanned", "weights done", "load round done",
+                "stored")
 # TimelineEvent (csrc/common/probe.h), in its order.
 TL_EVENTS = ("pair start", "max published", "exps done", "own PV issued", "own PV done", "scale in",
              "P0' stored", "V landed", "other P in", "other PV issued", "QK 0-3 issued",
@@ -108,6 +114,19 @@ def parse_timeline(text: str) -> list[dict]:
     rows = [{"wg": wg, "event": TL_EVENTS[ev] if ev < len(TL_EVENTS) else str(ev),
              "t": ((t - t0 + (1 << 23)) % (1 << 24)) - (1 << 23)} for wg, _, ev, t in raw]
     return sorted(rows, key=lambda r: (r["t"], r["wg"]))
+
+
+def parse_merge_timeline(text: str) -> list[dict]:
+    """The merge timeline probe's marks (lane 0 of warp 0 of CTA 0), in order: event name, t
+    (cycles since the first mark, 24-bit clock differences) and the gap to the previous mark."""
+    raw = sorted((int(m.group(1)), int(m.group(2)), int(m.group(3))) for m in _MTL.finditer(text))
+    rows, prev = [], None
+    for _, ev, t in raw:
+        rel = ((t - raw[0][2] + (1 << 23)) % (1 << 24)) - (1 << 23)
+        rows.append({"event": MERGE_EVENTS[ev] if ev < len(MERGE_EVENTS) else str(ev), "t": rel,
+                     "gap": 0 if prev is None else rel - prev})
+        prev = rel
+    return rows
 
 
 def format_timeline(rows: list[dict]) -> list[str]:
@@ -208,6 +227,7 @@ def main() -> None:
     data = uniform_call(b, q_len, h, kv, fp8=args.fp8)
     text = traced_output(data.run)
     rows, waits, timeline = parse(text), parse_waits(text), parse_timeline(text)
+    merge_tl = parse_merge_timeline(text)
     if not rows:  # the wait or timeline probe alone (bit 4 or 5 without bit 3)
         summary = {"ctas": 0, "split": None}
     else:
@@ -232,10 +252,15 @@ def main() -> None:
         mhz = f", SM clock {1e3 * int(clock.group(1)) / max(1, int(clock.group(2))):.0f} MHz" if clock else ""
         print(f"  timeline of CTA 0 (clock cycles{mhz}; {'wg0':16s}  wg1):")
         print("\n".join(format_timeline(timeline)))
+    if merge_tl:
+        print("  merge timeline of warp 0 of CTA 0 (clock cycles, gap to the previous mark):")
+        for r in merge_tl:
+            print(f"  {r['t']:8d} {'+' + str(r['gap']):>7s}  {r['event']}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"shape": [b, q_len, h, kv], "summary": summary, "ctas": rows,
-                       "waits": wait_summary, "wait_lines": waits, "timeline": timeline}, f, indent=1)
+                       "waits": wait_summary, "wait_lines": waits, "timeline": timeline,
+                       "merge_timeline": merge_tl}, f, indent=1)
 
 
 if __name__ == "__main__":

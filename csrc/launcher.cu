@@ -304,7 +304,7 @@ bool cubin_loaded() {
   return g_kernels.library != nullptr;
 }
 
-// Probe builds only (csrc/common/probe.h, JIT_MLA_PROBE bits 3-5): runs the cubin's
+// Probe builds only (csrc/common/probe.h, JIT_MLA_PROBE bits 3-6): runs the cubin's
 // mla_probe_dump (one thread) on the legacy stream and waits for it, so that the device printf
 // of the records the last attention launch left in global memory is flushed when this returns
 // (benchmarks/trace_phases.py reads it). A shipped cubin has no such kernel: RuntimeError.
@@ -320,7 +320,7 @@ void probe_dump() {
   if (err != cudaSuccess) (void)cudaGetLastError();  // not sticky: clear it
   MLA_CHECK(err == cudaSuccess, RuntimeError)
       << "probe_dump: the loaded cubin has no mla_probe_dump kernel: it is not a probe build "
-         "(csrc/common/probe.h: JIT_MLA_PROBE with bit 3, 4 or 5)";
+         "(csrc/common/probe.h: JIT_MLA_PROBE with bit 3, 4, 5 or 6)";
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(1);
   cfg.blockDim = dim3(1);

@@ -216,6 +216,14 @@ def test_trace_script_without_a_gpu(monkeypatch):
         (1, "scale in", -10), (0, "pair start", 0), (0, "max published", 26)]
     assert trace.format_timeline(tl)[2].split() == ["26", "+26", "max", "published"]
     assert trace.parse_timeline("noise\n") == []
+    # the merge timeline probe: marks in record order, relative to the first, 24-bit wrap, gaps
+    mtl = trace.parse_merge_timeline(
+        "jit_mla-mtl i=1 ev=1 t=16777210\n"
+        "jit_mla-mtl i=0 ev=0 t=16777200\n"
+        "jit_mla-mtl i=2 ev=3 t=40\n")
+    assert [(r["event"], r["t"], r["gap"]) for r in mtl] == [
+        ("synced", 0, 0), ("unit lookup", 10, 10), ("slots scanned", 56, 46)]
+    assert trace.parse_merge_timeline("noise\n") == []
     run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "trace_phases.py"), "--help"],
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 0 and "--shape" in run.stdout, run.stderr

@@ -197,6 +197,7 @@ __device__ __forceinline__ void combine_cols(const MlaParams& p, const Unit& uni
   load_partials<kSplits, kChunks, kLane>(p, slots, n, 0, r, col0, v);
   if (new_row) *lse_io = row_weights(p, slots, weight, n, r);
   const float lse = *lse_io;
+  me_mark(kMeWeights);
   for (int j = 0; j < n; j += kSplits) {
     if (j > 0) load_partials<kSplits, kChunks, kLane>(p, slots, n, j, r, col0, v);
 #pragma unroll
@@ -205,8 +206,10 @@ __device__ __forceinline__ void combine_cols(const MlaParams& p, const Unit& uni
 #pragma unroll
       for (int c = 0; c < kChunks; ++c) fma_bf16<kLane / 2>(acc[c], w, v[k][c]);
     }
+    me_mark(kMeRound);
   }
   store_row_cols<kChunks, kLane>(p, unit, r, col0, lse, bmm2, acc);
+  me_mark(kMeStored);
 }
 
 // Whole rows r0 .. r0 + k - 1 (k <= kR) of one unit, n <= 32 / kR splits each, merged together:
@@ -249,6 +252,7 @@ __device__ __forceinline__ void combine_rows(const MlaParams& p, const Unit& uni
   for (int d = kSeg / 2; d > 0; d >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, d);
   const float lse = mx == -INFINITY ? -INFINITY : mx + log2f(sum);
   const float weight = lse == -INFINITY ? 0.f : exp2f(x - lse);
+  me_mark(kMeWeights);
 
   float acc[kR][kCombineChunks][8];
 #pragma unroll
@@ -267,12 +271,14 @@ __device__ __forceinline__ void combine_rows(const MlaParams& p, const Unit& uni
 #pragma unroll
         for (int c = 0; c < kCombineChunks; ++c) fma_bf16<4>(acc[i][c], w, v[s][i][c]);
       }
+    me_mark(kMeRound);
   }
 #pragma unroll
   for (int i = 0; i < kR; ++i) {
     const float row_lse = __shfl_sync(0xffffffffu, lse, i * kSeg);
     if (i < k) store_row_cols<kCombineChunks, 8>(p, unit, r0 + i, 0, row_lse, bmm2, acc[i]);
   }
+  me_mark(kMeStored);
 }
 
 // Called by every thread of every CTA after its attention work (a CTA with none included).
@@ -282,6 +288,8 @@ __device__ __forceinline__ void combine_splits(const MlaParams& p) {
   if (units == 0 || (kProbe & 4) != 0) return;
   cooperative_groups::this_grid().sync();  // every partial is written (and visible: it fences)
   trace_mark(kMarkSynced);
+  me_reset();
+  me_mark(kMeSynced);
 
   extern __shared__ uint8_t smem_raw[];
   CombineSmem& cs = *reinterpret_cast<CombineSmem*>(smem_raw);
@@ -317,6 +325,7 @@ __device__ __forceinline__ void combine_splits(const MlaParams& p) {
     const int r = (int)(item / per_row % unit_rows);
     if (u != cur_unit) {
       __syncwarp();  // slots and weight of the previous unit no longer read
+      me_mark(kMeUnit);
       cur_unit = u;
       cur_row = -1;
       const int grp = p.split_groups[1 + 2 * (u / p.m_group)], lane_m = u % p.m_group;
@@ -327,10 +336,12 @@ __device__ __forceinline__ void combine_splits(const MlaParams& p) {
       const SetRange first = load_set_range(p, first_set + (threadIdx.x & 31), p.num_ctas / p.m_group);
       int prefix;
       const int b = find_request_warp(p, grp, &prefix);
+      me_mark(kMeSearched);
       const int m = (grp - prefix) * p.m_group + lane_m;
       unit = make_unit(p, b, m);
       // The request's last group may have no unit in this lane: nothing to merge.
       n = m < request_num_units(p, b) ? collect_slots(p, grp, first_set, lane_m, first, slots) : 0;
+      me_mark(kMeSlots);
     }
     if (n == 0 || r >= unit.rows) continue;
     if (per_row == 1 && n <= 32 / kCombineRows) {

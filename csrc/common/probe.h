@@ -5,7 +5,8 @@
 // kernels, bit 3 records each CTA's phase times (%globaltimer, ns) at its end, bit 4 the
 // cycles thread 0 of each seesaw warpgroup spent in each kind of wait (box loads for QK^T, V
 // loads, hand-offs, wgmma completion) and in each part of its units, bit 5 a clock64 timeline of
-// one CTA's warpgroups over a few block pairs (TimelineEvent). Bits 3-5 record into global
+// one CTA's warpgroups over a few block pairs (TimelineEvent), bit 6 a clock timeline of the
+// merge of warp 0 of CTA 0 (MergeEvent). Bits 3-6 record into global
 // memory; the kernel mla_probe_dump (mla_sm90.cu, launched by the launcher's probe_dump) prints
 // them. The attention kernels themselves never printf: a call in a kernel makes ptxas serialize
 // its wgmmas (C7510; sessions 5 and 6 measured such builds). Kernel code only: the launcher does
@@ -199,7 +200,45 @@ __device__ __forceinline__ void trace_mark(int) {}
 __device__ __forceinline__ void trace_range(int, int, int, int) {}
 __device__ __forceinline__ void trace_print() {}
 #endif
-#if (JIT_MLA_PROBE & 56) != 0
+// Events of the merge timeline probe (bit 6), in the order of the names in
+// benchmarks/trace_phases.py: lane 0 of warp 0 of CTA 0, through its merge items. A mark after
+// the first use of loaded values is when they arrived.
+enum MergeEvent : int {
+  kMeSynced = 0,  // past the grid barrier
+  kMeUnit,        // a new unit: its lookup starts (the split list's load next)
+  kMeSearched,    // the request search done (the group_prefix pivots used)
+  kMeSlots,       // the slot scan done (the set ranges used)
+  kMeWeights,     // the row's (rows') weights done (the split LSEs used)
+  kMeRound,       // a round of partial loads consumed (FMAs issued on them)
+  kMeStored,      // the item's (rows') output stored
+  kNumMeEvents,
+};
+
+#if (JIT_MLA_PROBE & 64) != 0
+constexpr int kMeMax = 64;
+__device__ unsigned int g_me[kMeMax];  // (clock lo 24 bits << 8) | event
+__device__ int g_me_n;
+__device__ __forceinline__ bool me_recorder() {
+  return blockIdx.x == 0 && threadIdx.x == 0;
+}
+__device__ __forceinline__ void me_reset() {
+  if (me_recorder()) g_me_n = 0;
+}
+__device__ __forceinline__ void me_mark(int ev) {
+  if (me_recorder()) {
+    const int n = g_me_n;
+    if (n < kMeMax) {
+      g_me[n] = ((unsigned)clock() << 8) | (unsigned)ev;
+      g_me_n = n + 1;
+    }
+  }
+}
+#else
+__device__ __forceinline__ void me_reset() {}
+__device__ __forceinline__ void me_mark(int) {}
+#endif
+
+#if (JIT_MLA_PROBE & 120) != 0
 // What mla_probe_dump (one thread, after the attention launch) prints, one line per record, in
 // the formats benchmarks/trace_phases.py parses.
 __device__ __forceinline__ void probe_dump() {
@@ -224,6 +263,10 @@ __device__ __forceinline__ void probe_dump() {
   for (int wg = 0; wg < 2; ++wg)
     for (int i = 0; i < g_tl_n[wg]; ++i)
       printf("jit_mla-tl wg=%d i=%d ev=%u t=%u\n", wg, i, g_tl[wg][i] & 255u, g_tl[wg][i] >> 8);
+#endif
+#if (JIT_MLA_PROBE & 64) != 0
+  for (int i = 0; i < g_me_n && i < kMeMax; ++i)
+    printf("jit_mla-mtl i=%d ev=%u t=%u\n", i, g_me[i] & 255u, g_me[i] >> 8);
 #endif
 }
 #endif

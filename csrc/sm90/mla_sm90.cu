@@ -33,7 +33,7 @@ __device__ __forceinline__ void attend_then_merge(const MlaParams& p) {
 }
 }  // namespace
 
-#if (JIT_MLA_PROBE & 56) != 0
+#if (JIT_MLA_PROBE & 120) != 0
 // Probe builds: prints what the last attention launch recorded (the launcher's probe_dump).
 extern "C" __global__ void mla_probe_dump() { jit_mla::probe_dump(); }
 #endif
