@@ -104,6 +104,11 @@ def parse_waits(text: str) -> list[dict]:
     return rows
 
 
+def clock_diff(t: int, t0: int) -> int:
+    """t - t0 for the probes' 24-bit clock() values (signed, taken mod 2^24)."""
+    return ((t - t0 + (1 << 23)) % (1 << 24)) - (1 << 23)
+
+
 def parse_timeline(text: str) -> list[dict]:
     """The timeline probe's marks, both warpgroups merged in time order: wg, event name, t (cycles
     since the first mark; the probe keeps 24 bits of clock(), so differences are taken mod 2^24)."""
@@ -112,7 +117,7 @@ def parse_timeline(text: str) -> list[dict]:
         return []
     t0 = min(raw, key=lambda r: (r[0], r[1]))[3]  # wg0's first mark
     rows = [{"wg": wg, "event": TL_EVENTS[ev] if ev < len(TL_EVENTS) else str(ev),
-             "t": ((t - t0 + (1 << 23)) % (1 << 24)) - (1 << 23)} for wg, _, ev, t in raw]
+             "t": clock_diff(t, t0)} for wg, _, ev, t in raw]
     return sorted(rows, key=lambda r: (r["t"], r["wg"]))
 
 
@@ -122,7 +127,7 @@ def parse_merge_timeline(text: str) -> list[dict]:
     raw = sorted((int(m.group(1)), int(m.group(2)), int(m.group(3))) for m in _MTL.finditer(text))
     rows, prev = [], None
     for _, ev, t in raw:
-        rel = ((t - raw[0][2] + (1 << 23)) % (1 << 24)) - (1 << 23)
+        rel = clock_diff(t, raw[0][2])
         rows.append({"event": MERGE_EVENTS[ev] if ev < len(MERGE_EVENTS) else str(ev), "t": rel,
                      "gap": 0 if prev is None else rel - prev})
         prev = rel

@@ -30,7 +30,10 @@ constexpr int kCombineLoadsInFlight = 16;                 // 16-byte loads per l
 // of a 256-column chunk, 36 of a 128-column one): the loop is bound by the latency of these
 // loads, so a step takes as many splits as fit.
 constexpr int kCombineRegsInFlight = 72;
+template <int kChunks, int kLane>
+constexpr int kCombineColsSplits = kCombineRegsInFlight / (kChunks * kLane / 2);  // combine_cols' splits per step
 constexpr int kCombineRows = 4;                           // whole rows merged together (combine_rows)
+constexpr int kCombineRowsSplits = kCombineLoadsInFlight / (kCombineRows * kCombineChunks);  // its splits per step
 
 // Per warp: the current unit's partial slots and the current row's per-split LSE, then weight.
 // Lives in the attention kernel's dynamic shared memory (its Q tile), free once attention is done.
@@ -187,7 +190,7 @@ template <int kChunks, int kLane>
 __device__ __forceinline__ void combine_cols(const MlaParams& p, const Unit& unit, const int* slots,
                                              float* weight, int n, int r, int col0, bool new_row,
                                              float* lse_io, float bmm2) {
-  constexpr int kSplits = kCombineRegsInFlight / (kChunks * kLane / 2);
+  constexpr int kSplits = kCombineColsSplits<kChunks, kLane>;
   float acc[kChunks][kLane];
 #pragma unroll
   for (int c = 0; c < kChunks; ++c)
@@ -222,7 +225,8 @@ __device__ __forceinline__ void combine_cols(const MlaParams& p, const Unit& uni
 template <int kR>
 __device__ __forceinline__ void combine_rows(const MlaParams& p, const Unit& unit, const int* slots, int n, int r0,
                                              int k, float bmm2) {
-  constexpr int kSeg = 32 / kR, kS = kCombineLoadsInFlight / (kR * kCombineChunks);  // splits per step
+  constexpr int kSeg = 32 / kR, kS = kCombineRowsSplits;  // lanes per row, splits per step
+  static_assert(kR == kCombineRows, "kCombineRowsSplits is for kCombineRows rows");
   static_assert(kSeg % kS == 0, "a step's splits stay inside a row's lanes");
   const int lane = threadIdx.x & 31;
   auto load_step = [&](int j0, uint32_t (&v)[kS][kR][kCombineChunks][4]) {
@@ -348,8 +352,7 @@ __device__ __forceinline__ void combine_splits(const MlaParams& p) {
       // Whole rows, few splits: up to kCombineRows of this warp's rows of the unit merged
       // together, where that takes fewer rounds of loads than one row after another.
       const int k = (int)min((long long)min(kCombineRows, unit.rows - r), item1 - item);
-      constexpr int kS = kCombineLoadsInFlight / (kCombineRows * kCombineChunks);
-      constexpr int kRowSplits = kCombineRegsInFlight / (kCombineChunks * 4);  // combine_cols' per step
+      constexpr int kS = kCombineRowsSplits, kRowSplits = kCombineColsSplits<kCombineChunks, 8>;
       const int row_rounds = (n + kRowSplits - 1) / kRowSplits;
       if (k > 1 && (n + kS - 1) / kS < k * row_rounds) {
         combine_rows<kCombineRows>(p, unit, slots, n, r, k, bmm2);

@@ -592,8 +592,8 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
           issue_kv_fp8_cp(p, smem_u32(ss.kv[st]), smem_u32(&ss.bar[st][0]), kb, j == 0 ? page0 : page1, policy);
         }
       }
+      load_q_rows_e4m3_raw<kN, kQ8>(p, unit.q_row_base, unit.rows, wg, qv);
     }
-    if constexpr (!kTma) load_q_rows_e4m3_raw<kN, kQ8>(p, unit.q_row_base, unit.rows, wg, qv);
     store_q_rows_e4m3<kN, kQ8>(&ss.q[0][0], ss.qexp[wg], wg, qv);
     fence_proxy_async_smem();
     __syncthreads();
