@@ -233,7 +233,7 @@ def main() -> None:
     text = traced_output(data.run)
     rows, waits, timeline = parse(text), parse_waits(text), parse_timeline(text)
     merge_tl = parse_merge_timeline(text)
-    if not rows:  # the wait or timeline probe alone (bit 4 or 5 without bit 3)
+    if not rows:  # the wait or a timeline probe alone (bit 4, 5 or 6 without bit 3)
         summary = {"ctas": 0, "split": None}
     else:
         summary = summarize(rows)
