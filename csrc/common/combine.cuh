@@ -101,26 +101,44 @@ __device__ __forceinline__ int find_request_warp(const MlaParams& p, int g, int*
 }
 
 // Row r's weights 2^(lse_j - lse) into weight[0, n) and its lse = log2 sum_j 2^lse_j.
+// The first kHeldLse * 32 LSEs (every split on a 132-SM GPU) are loaded in one round into
+// registers: a loop stores each before the next load issues, a round trip per 32 splits.
+constexpr int kHeldLse = 4;
 __device__ __forceinline__ float row_weights(const MlaParams& p, const int* slots, float* weight,
                                              int n, int r) {
   const int lane = threadIdx.x & 31;
+  float x[kHeldLse];
+#pragma unroll
+  for (int i = 0; i < kHeldLse; ++i) {
+    const int j = lane + 32 * i;
+    x[i] = j < n ? __ldcg(p.partial_lse + slots[j] * kBlockM + r) : -INFINITY;
+  }
   float mx = -INFINITY;
-  for (int j = lane; j < n; j += 32) {
-    const float x = __ldcg(p.partial_lse + slots[j] * kBlockM + r);
-    weight[j] = x;  // this lane's own entries until the weights replace them
-    mx = fmaxf(mx, x);
+#pragma unroll
+  for (int i = 0; i < kHeldLse; ++i) mx = fmaxf(mx, x[i]);
+  for (int j = lane + 32 * kHeldLse; j < n; j += 32) {
+    const float y = __ldcg(p.partial_lse + slots[j] * kBlockM + r);
+    weight[j] = y;  // this lane's own entries until the weights replace them
+    mx = fmaxf(mx, y);
   }
 #pragma unroll
   for (int d = 16; d > 0; d >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, d));
   float lse = -INFINITY;
   if (mx != -INFINITY) {
-    float sum = 0.f;
-    for (int j = lane; j < n; j += 32) sum += exp2f(weight[j] - mx);
+    float sum = 0.f;  // entries past n are -inf: 0
+#pragma unroll
+    for (int i = 0; i < kHeldLse; ++i) sum += exp2f(x[i] - mx);
+    for (int j = lane + 32 * kHeldLse; j < n; j += 32) sum += exp2f(weight[j] - mx);
 #pragma unroll
     for (int d = 16; d > 0; d >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, d);
     lse = mx + log2f(sum);
   }
-  for (int j = lane; j < n; j += 32) weight[j] = lse == -INFINITY ? 0.f : exp2f(weight[j] - lse);
+#pragma unroll
+  for (int i = 0; i < kHeldLse; ++i) {
+    const int j = lane + 32 * i;
+    if (j < n) weight[j] = lse == -INFINITY ? 0.f : exp2f(x[i] - lse);
+  }
+  for (int j = lane + 32 * kHeldLse; j < n; j += 32) weight[j] = lse == -INFINITY ? 0.f : exp2f(weight[j] - lse);
   __syncwarp();
   return lse;
 }
@@ -285,15 +303,39 @@ __device__ __forceinline__ void combine_rows(const MlaParams& p, const Unit& uni
   me_mark(kMeStored);
 }
 
+// Unit u of the split list (the u / m_group-th split group, lane u % m_group): its geometry into
+// *unit and its partials' slots into slots; returns their count, 0 when the request's last
+// group has no unit in this lane (nothing to merge). Reads only the plan (every CTA wrote the
+// same values) and the inputs, so it may run before the grid barrier completes.
+__device__ __forceinline__ int lookup_unit(const MlaParams& p, int u, int* slots, Unit* unit) {
+  me_mark(kMeUnit);
+  const int grp = p.split_groups[1 + 2 * (u / p.m_group)], lane_m = u % p.m_group;
+  const int first_set = p.split_groups[2 + 2 * (u / p.m_group)];
+  // Three rounds of dependent loads before the partials (B <= 32, a scan of <= 32 sets): the
+  // split list; the set ranges with the request search; the request's lengths (make_unit)
+  // while the slots are scanned. Larger batches add a search step each.
+  const SetRange first = load_set_range(p, first_set + (threadIdx.x & 31), p.num_ctas / p.m_group);
+  int prefix;
+  const int b = find_request_warp(p, grp, &prefix);
+  me_mark(kMeSearched);
+  const int m = (grp - prefix) * p.m_group + lane_m;
+  *unit = make_unit(p, b, m);
+  const int n = m < request_num_units(p, b) ? collect_slots(p, grp, first_set, lane_m, first, slots) : 0;
+  me_mark(kMeSlots);
+  return n;
+}
+
 // Called by every thread of every CTA after its attention work (a CTA with none included).
 __device__ __forceinline__ void combine_splits(const MlaParams& p) {
   // The plan is the same in every CTA, so either all of them wait at the barrier or none does.
   const int units = p.split_groups[0] * p.m_group;
   if (units == 0 || (kProbe & 4) != 0) return;
-  cooperative_groups::this_grid().sync();  // every partial is written (and visible: it fences)
-  trace_mark(kMarkSynced);
+  // Split phases: this CTA's partials are published at the arrival (a release); the scale and
+  // its first unit's lookup (plan data only) are loaded while the other CTAs finish, so a CTA
+  // waiting at the barrier has them when it is released.
   me_reset();
-  me_mark(kMeSynced);
+  const cooperative_groups::grid_group grid = cooperative_groups::this_grid();
+  cooperative_groups::grid_group::arrival_token arrival = grid.barrier_arrive();
 
   extern __shared__ uint8_t smem_raw[];
   CombineSmem& cs = *reinterpret_cast<CombineSmem*>(smem_raw);
@@ -310,48 +352,43 @@ __device__ __forceinline__ void combine_splits(const MlaParams& p) {
   // over all SMs.
   const int unit_cap = 1 << p.unit_rows_log2;
   const int unit_rows = p.cum_q == nullptr ? max(1, min(unit_cap, p.q_len * p.num_heads)) : unit_cap;
-  const long long rows = (long long)units * unit_rows;
-  const long long warps = (long long)gridDim.x * kCombineWarps;
+  // 32-bit: units <= num_ctas (a split group per cut), so items <= 4 * 64 * kMaxCtas.
+  const int rows = units * unit_rows;
+  const int warps = (int)gridDim.x * kCombineWarps;
   // Few rows (a short request split many ways): 128-column items (4 bf16 per lane) when four
   // per row are not more than the warps, else 256-column ones when two are not, else rows.
   const int per_row = rows * kCombineQuarters <= warps ? kCombineQuarters
                       : rows * kCombineChunks <= warps ? kCombineChunks
                                                        : 1;
-  const long long items = rows * per_row;
-  const long long per_warp = (items + warps - 1) / warps;
-  const long long item0 = ((long long)warp * gridDim.x + blockIdx.x) * per_warp;
-  const long long item1 = min(items, item0 + per_warp);
+  const int items = rows * per_row, unit_items = unit_rows * per_row;
+  const int per_warp = (items + warps - 1) / warps;
+  const int item0 = (warp * (int)gridDim.x + (int)blockIdx.x) * per_warp;
+  const int item1 = min(items, item0 + per_warp);
   int cur_unit = -1, cur_row = -1, n = 0;
   float lse = -INFINITY;
   Unit unit{};
-  for (long long item = item0; item < item1; ++item) {
-    const int u = (int)(item / ((long long)unit_rows * per_row));
-    const int r = (int)(item / per_row % unit_rows);
+  if (item0 < item1) {
+    cur_unit = item0 / unit_items;
+    n = lookup_unit(p, cur_unit, slots, &unit);
+  }
+  grid.barrier_wait(std::move(arrival));  // every partial is written (and visible: acquire)
+  trace_mark(kMarkSynced);
+  me_mark(kMeSynced);
+
+  for (int item = item0; item < item1; ++item) {
+    const int u = item / unit_items;
+    const int r = item / per_row % unit_rows;
     if (u != cur_unit) {
       __syncwarp();  // slots and weight of the previous unit no longer read
-      me_mark(kMeUnit);
       cur_unit = u;
       cur_row = -1;
-      const int grp = p.split_groups[1 + 2 * (u / p.m_group)], lane_m = u % p.m_group;
-      const int first_set = p.split_groups[2 + 2 * (u / p.m_group)];
-      // Three rounds of dependent loads before the partials (B <= 32, a scan of <= 32 sets):
-      // the split list; the set ranges with the request search; the request's lengths
-      // (make_unit) while the slots are scanned. Larger batches add a search step each.
-      const SetRange first = load_set_range(p, first_set + (threadIdx.x & 31), p.num_ctas / p.m_group);
-      int prefix;
-      const int b = find_request_warp(p, grp, &prefix);
-      me_mark(kMeSearched);
-      const int m = (grp - prefix) * p.m_group + lane_m;
-      unit = make_unit(p, b, m);
-      // The request's last group may have no unit in this lane: nothing to merge.
-      n = m < request_num_units(p, b) ? collect_slots(p, grp, first_set, lane_m, first, slots) : 0;
-      me_mark(kMeSlots);
+      n = lookup_unit(p, u, slots, &unit);
     }
     if (n == 0 || r >= unit.rows) continue;
     if (per_row == 1 && n <= 32 / kCombineRows) {
       // Whole rows, few splits: up to kCombineRows of this warp's rows of the unit merged
       // together, where that takes fewer rounds of loads than one row after another.
-      const int k = (int)min((long long)min(kCombineRows, unit.rows - r), item1 - item);
+      const int k = min(min(kCombineRows, unit.rows - r), item1 - item);
       constexpr int kS = kCombineRowsSplits, kRowSplits = kCombineColsSplits<kCombineChunks, 8>;
       const int row_rounds = (n + kRowSplits - 1) / kRowSplits;
       if (k > 1 && (n + kS - 1) / kS < k * row_rounds) {
@@ -366,7 +403,7 @@ __device__ __forceinline__ void combine_splits(const MlaParams& p) {
     if (new_row) __syncwarp();  // weight of the previous row no longer read
     cur_row = r;
     // Item's columns: chunk item % per_row of kHeadDimV / per_row.
-    const int col0 = (int)(item % per_row) * (kHeadDimV / per_row);
+    const int col0 = item % per_row * (kHeadDimV / per_row);
     if (per_row == kCombineQuarters)
       combine_cols<1, kHeadDimV / kCombineQuarters / 32>(p, unit, slots, weight, n, r, col0, new_row, &lse, bmm2);
     else if (per_row == kCombineChunks)
