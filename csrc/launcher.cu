@@ -193,7 +193,7 @@ CtaPlan cta_plan(int64_t num_heads, int unit_rows, int64_t sm_count) {
 // Byte offsets of the workspace's parts, sized for at most max_ctas_of(sm_count) CTAs (whatever
 // their sets) and units of >= kMinUnitRows rows.
 struct WorkspaceLayout {
-  size_t sync, group_prefix, cost_prefix, bounds, split_groups, partial_lse, partial_o, total;
+  size_t group_prefix, cost_prefix, bounds, split_groups, partial_lse, partial_o, total;
 };
 
 WorkspaceLayout workspace_layout(int64_t batch, int64_t total_q, int64_t num_heads, int64_t sm_count) {
@@ -202,8 +202,6 @@ WorkspaceLayout workspace_layout(int64_t batch, int64_t total_q, int64_t num_hea
   const int64_t ctas = max_ctas_of(sm_count);
   const int64_t slots = kSlotsPerCta * ctas;
   size_t off = 0;
-  // First and of a size fixed per device: a call of another batch never lays partials over it.
-  w.sync = off;         off = align_up(off + sizeof(unsigned) * (ctas + 1));
   w.group_prefix = off; off = align_up(off + sizeof(int) * (batch + 1));
   w.cost_prefix = off;  off = align_up(off + sizeof(int64_t) * (units + 1));
   w.bounds = off;       off = align_up(off + sizeof(WorkPos) * (ctas + 1));
@@ -686,7 +684,6 @@ void run_attention(TensorView out, Optional<TensorView> lse, TensorView query, T
   p.bmm2_scale = s2.value;
   p.out = data_of(out);
   p.lse = lse.has_value() ? reinterpret_cast<float*>(data_of(*lse)) : nullptr;
-  p.sync = reinterpret_cast<unsigned*>(ws_base + ws.sync);
   p.group_prefix = reinterpret_cast<int*>(ws_base + ws.group_prefix);
   p.cost_prefix = reinterpret_cast<int64_t*>(ws_base + ws.cost_prefix);
   p.bounds = reinterpret_cast<WorkPos*>(ws_base + ws.bounds);

@@ -6,9 +6,6 @@ fast), so their results look unwritten when `.item()` copies them out. Here no P
 on the GPU: inputs are made on the CPU and copied over (a copy initializes), outputs and the
 workspace are `torch.empty` (uninitialized on purpose: a kernel must write every row it owns and
 read only what it wrote), and results are copied back and checked on the CPU. Any report is ours.
-The exception: the workspace's first words (the call count and the CTAs' stamps,
-csrc/common/stamps.cuh) are read before any write by design (any value works), so a copy fills
-them once, as an earlier call would have.
 
     compute-sanitizer --tool initcheck python3 tests/gpu_initcheck.py
 """
@@ -41,10 +38,6 @@ CASES = [
 ]
 
 
-# The call count and 1 + num_ctas stamps (<= 1025 words) at the workspace's start.
-SYNC_BYTES = 4 * 1025
-
-
 def run(label, B, q_lens, H, page, kv_lens, sinks, types) -> None:
     ragged = isinstance(q_lens, list)
     fp8 = types in ("fp8", "fp8q")
@@ -54,7 +47,6 @@ def run(label, B, q_lens, H, page, kv_lens, sinks, types) -> None:
     gpu = make_case(B, q_lens, H, page, kv_lens, **kw_case, device="cuda")
     total_q = gpu.query.shape[0] if ragged else B * q_lens
     ws = torch.empty(jit_mla.get_workspace_size(B, H, total_q=total_q), dtype=torch.uint8, device="cuda")
-    ws[:SYNC_BYTES].copy_(torch.full((SYNC_BYTES,), 0xA5, dtype=torch.uint8))  # any value; a copy initializes
     out, lse = jit_mla.trtllm_batch_decode_with_kv_cache_mla(
         gpu.query, gpu.kv_cache, ws, 128, 512, 64, gpu.block_tables, gpu.seq_lens, max(kv_lens),
         bmm1_scale=gpu.bmm1_scale, sinks=gpu.sinks if sinks else None, return_lse=True,

@@ -17,7 +17,6 @@
 #include "finalize.cuh"
 #include "params.h"
 #include "probe.h"
-#include "stamps.cuh"
 #include "units.cuh"
 
 namespace jit_mla {
@@ -327,22 +326,16 @@ __device__ __forceinline__ int lookup_unit(const MlaParams& p, int u, int* slots
 }
 
 // Called by every thread of every CTA after its attention work (a CTA with none included).
-// kStamped: a warp merges a unit once the CTAs that wrote its partials have stamped them
-// (stamps.cuh); else after a grid barrier, split in phases: this CTA's partials are published at
-// the arrival (a release) and its first lookup is loaded while the other CTAs finish.
-template <bool kStamped>
 __device__ __forceinline__ void combine_splits(const MlaParams& p) {
-  // The plan is the same in every CTA, so either all of them merge (and wait) or none does.
+  // The plan is the same in every CTA, so either all of them wait at the barrier or none does.
   const int units = p.split_groups[0] * p.m_group;
   if (units == 0 || (kProbe & 4) != 0) return;
+  // Split phases: this CTA's partials are published at the arrival (a release); the scale and
+  // its first unit's lookup (plan data only) are loaded while the other CTAs finish, so a CTA
+  // waiting at the barrier has them when it is released.
   me_reset();
   const cooperative_groups::grid_group grid = cooperative_groups::this_grid();
-  cooperative_groups::grid_group::arrival_token arrival = 0;
-  unsigned stamp = 0;
-  if constexpr (kStamped)
-    stamp = stamp_partials(p);
-  else
-    arrival = grid.barrier_arrive();
+  cooperative_groups::grid_group::arrival_token arrival = grid.barrier_arrive();
 
   extern __shared__ uint8_t smem_raw[];
   CombineSmem& cs = *reinterpret_cast<CombineSmem*>(smem_raw);
@@ -374,12 +367,11 @@ __device__ __forceinline__ void combine_splits(const MlaParams& p) {
   int cur_unit = -1, cur_row = -1, n = 0;
   float lse = -INFINITY;
   Unit unit{};
-  bool ready = false;  // kStamped: the current unit's stamps seen
   if (item0 < item1) {
     cur_unit = item0 / unit_items;
     n = lookup_unit(p, cur_unit, slots, &unit);
   }
-  if constexpr (!kStamped) grid.barrier_wait(std::move(arrival));  // every partial is written (and visible: acquire)
+  grid.barrier_wait(std::move(arrival));  // every partial is written (and visible: acquire)
   trace_mark(kMarkSynced);
   me_mark(kMeSynced);
 
@@ -391,13 +383,8 @@ __device__ __forceinline__ void combine_splits(const MlaParams& p) {
       cur_unit = u;
       cur_row = -1;
       n = lookup_unit(p, u, slots, &unit);
-      ready = false;
     }
     if (n == 0 || r >= unit.rows) continue;
-    if (kStamped && !ready) {
-      wait_stamps(p, slots, n, stamp);
-      ready = true;
-    }
     if (per_row == 1 && n <= 32 / kCombineRows) {
       // Whole rows, few splits: up to kCombineRows of this warp's rows of the unit merged
       // together, where that takes fewer rounds of loads than one row after another.

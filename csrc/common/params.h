@@ -50,8 +50,6 @@ struct MlaParams {
   float* lse;                 // [total_q, H] float32 base 2, or null
 
   // ---- workspace (laid out by workspace_layout in the launcher) -------------------------------
-  unsigned* sync;             // [1 + num_ctas], at the workspace's start: the call count, then each
-                              // CTA's stamp of its written partials (common/stamps.cuh)
   int* group_prefix;          // [B+1]: first group of each request
   int64_t* cost_prefix;       // [max_groups+1]: cumulative cost of groups, in KV-block units
   WorkPos* bounds;            // [num_ctas/m_group + 1]: CTA set s works on [bounds[s], bounds[s+1])

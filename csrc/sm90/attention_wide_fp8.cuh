@@ -224,7 +224,7 @@ __device__ void attention_wide_fp8(const MlaParams& p) {
     cr = start_cta<kNumThreads>(p);
   } else {  // the planner's scratch in colmax (first written after the plan's last barrier)
     static_assert(sizeof(PlanScratch<kNumThreads>) <= sizeof(ss.colmax), "the plan's scratch fits in colmax");
-    cr = start_cta<kNumThreads>(p, *reinterpret_cast<PlanScratch<kNumThreads>*>(&ss.colmax[0][0][0]), false);
+    cr = start_cta<kNumThreads>(p, *reinterpret_cast<PlanScratch<kNumThreads>*>(&ss.colmax[0][0][0]));
   }
   if (cr.group0 == cr.group_end) return;
 

@@ -9,7 +9,6 @@
 #include "../common/params.h"
 #include "../common/plan.cuh"
 #include "../common/probe.h"
-#include "../common/stamps.cuh"
 #include "../common/units.cuh"
 #include "../config.h"
 
@@ -55,25 +54,23 @@ __device__ __forceinline__ float p_exp_scale(float scale_log2) { return scale_lo
 // the previous call still reading the workspace) may be touched before the PDL wait; then the
 // next kernel may launch (it waits for our completion before it reads anything), this CTA plans
 // the call's splits (as every CTA does) and takes its share.
-// scratch: the planner's shared memory (free again when this returns). stamped: the merge waits
-// for stamps (common/stamps.cuh: the CTA arrives at the grid barrier here), not at a barrier.
+// scratch: the planner's shared memory (free again when this returns).
 template <int kThreads>
-__device__ __forceinline__ CtaRange start_cta(const MlaParams& p, PlanScratch<kThreads>& scratch, bool stamped) {
+__device__ __forceinline__ CtaRange start_cta(const MlaParams& p, PlanScratch<kThreads>& scratch) {
   pdl_wait_primary();
   trace_mark(kMarkReady);
   pdl_launch_dependents();
   plan_splits<kThreads>(p, scratch);
-  if (stamped) stamp_arrive(p);
   trace_mark(kMarkPlanned);
   const CtaRange cr = cta_range(p);
   trace_range(cr.beg.group, cr.beg.block, cr.end.group, cr.end.block);
   return cr;
 }
-// With the planner's scratch in static shared memory, and stamps.
+// With the planner's scratch in static shared memory.
 template <int kThreads>
 __device__ __forceinline__ CtaRange start_cta(const MlaParams& p) {
   __shared__ PlanScratch<kThreads> scratch;
-  return start_cta<kThreads>(p, scratch, true);
+  return start_cta<kThreads>(p, scratch);
 }
 
 // One unit of a group, as a CTA of set `set` (lane lane_m) runs it.

@@ -15,16 +15,15 @@ using jit_mla::MlaParams;
 
 namespace {
 // What both kernels run: attention by `Attend`, then the merge of split units, between the
-// trace probe's marks (no code in the shipped cubin). kStamped: Attend's start_cta arrived at
-// the grid barrier for stamps (common/stamps.cuh), as it does with static shared memory.
-template <bool kStamped, void (*Attend)(const MlaParams&)>
+// trace probe's marks (no code in the shipped cubin).
+template <void (*Attend)(const MlaParams&)>
 __device__ __forceinline__ void attend_then_merge(const MlaParams& p) {
   jit_mla::trace_mark(jit_mla::kMarkEntry);
   jit_mla::probe_waits_reset();  // read after the kernels' first __syncthreads
   jit_mla::tl_reset();
   Attend(p);
   jit_mla::trace_mark(jit_mla::kMarkAttended);
-  jit_mla::combine_splits<kStamped>(p);
+  jit_mla::combine_splits(p);
   jit_mla::trace_mark(jit_mla::kMarkDone);
   // Records last (to global memory, printed by mla_probe_dump: a printf here would make ptxas
   // serialize the wgmmas).
@@ -39,30 +38,30 @@ __device__ __forceinline__ void attend_then_merge(const MlaParams& p) {
 extern "C" __global__ void mla_probe_dump() { jit_mla::probe_dump(); }
 #endif
 
-// One entry point: a C symbol `name` running `attend_then_merge<stamped, Attend>` (C symbols
-// cannot be templates; the attention functions can).
-#define MLA_ATTENTION_KERNEL(name, stamped, ...)                                            \
+// One entry point: a C symbol `name` running `attend_then_merge<Attend>` (C symbols cannot be
+// templates; the attention functions can).
+#define MLA_ATTENTION_KERNEL(name, ...)                                                     \
   extern "C" __global__ void __launch_bounds__(jit_mla::kNumThreads, 1)                     \
       name(const __grid_constant__ MlaParams p) {                                           \
-    attend_then_merge<stamped, __VA_ARGS__>(p);                                             \
+    attend_then_merge<__VA_ARGS__>(p);                                                      \
   }
 
-MLA_ATTENTION_KERNEL(mla_sm90_attention, true, jit_mla::sm90::attention_seesaw)
-MLA_ATTENTION_KERNEL(mla_sm90_attention_any_page, true, jit_mla::sm90::attention_any_page)
-MLA_ATTENTION_KERNEL(mla_sm90_attention_narrow16, true, jit_mla::sm90::attention_narrow<16>)
-MLA_ATTENTION_KERNEL(mla_sm90_attention_narrow32, true, jit_mla::sm90::attention_narrow<32>)
+MLA_ATTENTION_KERNEL(mla_sm90_attention, jit_mla::sm90::attention_seesaw)
+MLA_ATTENTION_KERNEL(mla_sm90_attention_any_page, jit_mla::sm90::attention_any_page)
+MLA_ATTENTION_KERNEL(mla_sm90_attention_narrow16, jit_mla::sm90::attention_narrow<16>)
+MLA_ATTENTION_KERNEL(mla_sm90_attention_narrow32, jit_mla::sm90::attention_narrow<32>)
 // fp8 (e4m3) KV cache, bf16 query: the narrow kernel with the cache fp8 in shared memory; by TMA
 // (the TMA page sizes), or by cp.async (_any: every other page size).
-MLA_ATTENTION_KERNEL(mla_sm90_attention_narrow16_fp8, true, jit_mla::sm90::attention_narrow_fp8<16, true, false>)
-MLA_ATTENTION_KERNEL(mla_sm90_attention_narrow32_fp8, true, jit_mla::sm90::attention_narrow_fp8<32, true, false>)
-MLA_ATTENTION_KERNEL(mla_sm90_attention_narrow16_fp8_any, true, jit_mla::sm90::attention_narrow_fp8<16, false, false>)
-MLA_ATTENTION_KERNEL(mla_sm90_attention_narrow32_fp8_any, true, jit_mla::sm90::attention_narrow_fp8<32, false, false>)
+MLA_ATTENTION_KERNEL(mla_sm90_attention_narrow16_fp8, jit_mla::sm90::attention_narrow_fp8<16, true, false>)
+MLA_ATTENTION_KERNEL(mla_sm90_attention_narrow32_fp8, jit_mla::sm90::attention_narrow_fp8<32, true, false>)
+MLA_ATTENTION_KERNEL(mla_sm90_attention_narrow16_fp8_any, jit_mla::sm90::attention_narrow_fp8<16, false, false>)
+MLA_ATTENTION_KERNEL(mla_sm90_attention_narrow32_fp8_any, jit_mla::sm90::attention_narrow_fp8<32, false, false>)
 // e4m3 query and cache (mode 2): both matmuls on e4m3 wgmmas (_fp8q; _fp8q_any by cp.async).
-MLA_ATTENTION_KERNEL(mla_sm90_attention_narrow16_fp8q, true, jit_mla::sm90::attention_narrow_fp8<16, true, true>)
-MLA_ATTENTION_KERNEL(mla_sm90_attention_narrow32_fp8q, true, jit_mla::sm90::attention_narrow_fp8<32, true, true>)
-MLA_ATTENTION_KERNEL(mla_sm90_attention_narrow16_fp8q_any, true, jit_mla::sm90::attention_narrow_fp8<16, false, true>)
-MLA_ATTENTION_KERNEL(mla_sm90_attention_narrow32_fp8q_any, true, jit_mla::sm90::attention_narrow_fp8<32, false, true>)
+MLA_ATTENTION_KERNEL(mla_sm90_attention_narrow16_fp8q, jit_mla::sm90::attention_narrow_fp8<16, true, true>)
+MLA_ATTENTION_KERNEL(mla_sm90_attention_narrow32_fp8q, jit_mla::sm90::attention_narrow_fp8<32, true, true>)
+MLA_ATTENTION_KERNEL(mla_sm90_attention_narrow16_fp8q_any, jit_mla::sm90::attention_narrow_fp8<16, false, true>)
+MLA_ATTENTION_KERNEL(mla_sm90_attention_narrow32_fp8q_any, jit_mla::sm90::attention_narrow_fp8<32, false, true>)
 // e4m3 query and cache, units of 64 rows (H 64 / 128, MTP, ragged: more than 32 rows), TMA pages.
-MLA_ATTENTION_KERNEL(mla_sm90_attention_wide_fp8q, true, jit_mla::sm90::attention_wide_fp8<true, true>)
+MLA_ATTENTION_KERNEL(mla_sm90_attention_wide_fp8q, jit_mla::sm90::attention_wide_fp8<true, true>)
 // fp8 cache, bf16 query, the same 64-row units (Q and P as hi + lo e4m3 rows), TMA pages.
-MLA_ATTENTION_KERNEL(mla_sm90_attention_wide_fp8, false, jit_mla::sm90::attention_wide_fp8<true, false>)
+MLA_ATTENTION_KERNEL(mla_sm90_attention_wide_fp8, jit_mla::sm90::attention_wide_fp8<true, false>)
