@@ -36,7 +36,9 @@ constexpr int kCombineRows = 4;                           // whole rows merged t
 constexpr int kCombineRowsSplits = kCombineLoadsInFlight / (kCombineRows * kCombineChunks);  // its splits per step
 
 // Per warp: the current unit's partial slots and the current row's per-split LSE, then weight.
-// Lives in the attention kernel's dynamic shared memory (its Q tile), free once attention is done.
+// Lives at the start of the attention kernel's dynamic shared memory (the Q tile or the first KV
+// stages, by kernel), free once attention is done: every load into it waited for, every wgmma
+// retired, and a CTA barrier (the grid barrier's arrival) behind.
 struct CombineSmem {
   int slots[kCombineWarps][kMaxCtas];
   float weight[kCombineWarps][kMaxCtas];
@@ -352,7 +354,8 @@ __device__ __forceinline__ void combine_splits(const MlaParams& p) {
   // over all SMs.
   const int unit_cap = 1 << p.unit_rows_log2;
   const int unit_rows = p.cum_q == nullptr ? max(1, min(unit_cap, p.q_len * p.num_heads)) : unit_cap;
-  // 32-bit: units <= num_ctas (a split group per cut), so items <= 4 * 64 * kMaxCtas.
+  // 32-bit: units < num_ctas <= kMaxCtas (a split group per cut), so whole-row items are fewer
+  // than 64 kMaxCtas, and chunk items (per_row 2 or 4) no more than the warps.
   const int rows = units * unit_rows;
   const int warps = (int)gridDim.x * kCombineWarps;
   // Few rows (a short request split many ways): 128-column items (4 bf16 per lane) when four
