@@ -12,8 +12,9 @@ With bit 3 (8) of JIT_MLA_PROBE set, thread 0 of every CTA records its %globalti
 at the end of the kernel into global memory (csrc/common/probe.h), printed after the call by the
 cubin's mla_probe_dump (the launcher's probe_dump; the attention kernels never printf, which made
 ptxas serialize their wgmmas, C7510, up to session 7): entry, past the PDL wait, planned, attention done,
-past the grid barrier (0 when nothing was split), merge done; with its planned range, so that the
-attention times are also printed by the ranges' piece counts. With bit 4 (16), thread 0 of each
+past the grid barrier (0 when nothing was split; since 1ad80d7 the barrier wait includes the
+merge's first unit lookup, done between the barrier's arrival and its wait), merge done; with its
+planned range, so that the attention times are also printed by the ranges' piece counts. With bit 4 (16), thread 0 of each
 seesaw warpgroup prints the cycles it spent waiting for QK^T's KV boxes, for V boxes, for the
 other warpgroup's hand-offs and for its own wgmma, and in its units' prologues, pair loops and
 epilogues, with the pair count. This script runs the call once to warm up, then once traced,
@@ -24,7 +25,8 @@ barrier waits for the last one), and per warpgroup the wait cycles per block pai
 (TimelineEvent in probe.h), printed here as one merged list: cycles since the first mark, which
 warpgroup, which event. With bit 6 (64; with bit 3: 72), lane 0 of warp 0 of CTA 0 records a clock()
 mark at each step of its merge (MergeEvent: unit lookup, request search, slot scan, weights,
-each round of partial loads, store), printed in order with the gaps.
+each round of partial loads, store; the first unit's lookup comes before "synced"), printed in
+order with the gaps.
 """
 
 from __future__ import annotations
