@@ -34,6 +34,7 @@ constexpr int kNumStages = 2;                       // KV tiles in flight
 constexpr int kUnitOverheadBlocks = 2;
 constexpr int kMinBlocksPerCta = 2;
 constexpr int kWholeGroupSetsPct = 85;  // equal groups: give up to 15% of the sets to split nothing
+constexpr int kPieceStartExtraBlocks = 1;  // a unit start's measured cost beyond kUnitOverheadBlocks
 constexpr int kSlotsPerCta = 2;  // a CTA's range splits at most its first and its last unit
 constexpr int kMaxCtas = 1024;   // the combine keeps one slot and one weight per split in smem
 
