@@ -11,7 +11,7 @@
 # PNG under $LOGS/results, labelled COMMIT), then `ab.py run --rounds 2 VARIANT...`. Everything is packed
 # into $OUT/all.tgz after the benchmark and again at the end, so a run cut short still returns
 # its logs. About 4 minutes without variants (suite ~80 s, fuzz ~25 s, sanitizers ~45 s,
-# benchmark ~30 s, start-up); each variant adds ~30 s.
+# benchmark ~30 s, start-up); each variant adds ~80 s (two rounds of main and it, all shapes).
 set -u
 commit="${1:?usage: validate_gpu.sh COMMIT [VARIANT...]}"
 shift
@@ -42,7 +42,7 @@ step main_job 90 python3 -m jit_mla
 step bench 240 python3 benchmarks/bench_mla.py --out-dir "$logs/results" --commit "$commit"
 pack
 if [[ $# -gt 0 ]]; then
-  step ab $((60 + 40 * $#)) python3 benchmarks/ab.py run --rounds 2 "$@"
+  step ab $((60 + 100 * $#)) python3 benchmarks/ab.py run --rounds 2 "$@"
   pack
 fi
 cat "$logs/steps.txt"
