@@ -57,7 +57,9 @@ TL_EVENTS = ("pair start", "max published", "exps done", "own PV issued", "own P
              "P0' stored", "V landed", "other P in", "other PV issued", "QK 0-3 issued",
              "other PV done", "QK issued", "QK done", "V_L refill issued",
              # the narrow kernels, per warpgroup block
-             "N block start", "N QK done", "N max shared", "N P shared", "N PV issued", "N PV done")
+             "N block start", "N QK done", "N max shared", "N P shared", "N PV issued", "N PV done",
+             # the narrow kernels' unit change
+             "N epilogue", "N unit done", "N unit found", "N first TMA issued", "N Q landed")
 SITES = ("qk box", "v box", "hand-off", "wgmma", "loop", "prologue", "epilogue", "pairs")
 _MARK = b"--jit_mla-trace-call--\n"
 MARKS = ("entry", "ready", "planned", "attended", "synced", "done")

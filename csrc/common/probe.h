@@ -103,6 +103,12 @@ enum TimelineEvent : int {
   kTlNPShared,       // past the P barrier: PV may start
   kTlNPvIssued,      // PV's wgmmas issued (fp8: its loads done, refill issued)
   kTlNPvDone,        // PV complete
+  // A unit change in the narrow kernels (`pairs`: the warpgroup's block count at that point).
+  kTlNEpilogue,      // the unit's last block done: its epilogue starts
+  kTlNUnitDone,      // the epilogue's stores issued, past its last CTA barrier
+  kTlNUnitFound,     // the next unit looked up (unit_work's loads used)
+  kTlNFirstIssued,   // its first blocks' TMA issued (their page ids used)
+  kTlNQLanded,       // its Q in shared memory, past the prologue's CTA barrier
   kNumTlEvents,
 };
 

@@ -129,6 +129,7 @@ __device__ void attention_narrow(const MlaParams& p) {
   for (int grp = cr.group0; grp < cr.group_end; ++grp) {
     const UnitWork w = unit_work(p, grp, cr.lane_m, cr.beg, cr.end);
     if (!w.valid) continue;
+    tl_mark(kTlNUnitFound, loads);
     const Unit& unit = w.unit;
     const int kb0 = w.kb0, kb1 = w.kb1, kv_len = unit.kv_len;
     const int* bt_row = p.block_tables + (long long)unit.b * p.block_table_stride;
@@ -142,9 +143,11 @@ __device__ void attention_narrow(const MlaParams& p) {
       issue_kv_half(p, stage, bars, kb0 + wg, 0, first_page, 0);
       issue_kv_half(p, stage, bars, kb0 + wg, 1, first_page, 0);
     }
+    tl_mark(kTlNFirstIssued, loads);
     cp_async_wait_all();
     fence_proxy_async_smem();
     __syncthreads();
+    tl_mark(kTlNQLanded, loads);
 
     // This thread's columns (Q rows) c = 8t + 2 q4 + e: KV limits, running max and sums.
     int lim[kT][2];
@@ -274,6 +277,7 @@ __device__ void attention_narrow(const MlaParams& p) {
       if (tw < 32 && next) issue_kv_half(p, stage, bars, kb + 2, 1, next_page, 0);
     }
     wg_barrier_even_up<2>(wg, kb1 - kb0);
+    tl_mark(kTlNEpilogue, loads);
 
     // ---- epilogue: each warpgroup's sums, max and O to shared memory, merged per row ----------
     // Sums over the 8 row lanes (xor 4, 8, 16) and the 4 warps.
@@ -349,6 +353,7 @@ __device__ void attention_narrow(const MlaParams& p) {
     // after these generic-proxy reads), Q, colmax, m and l.
     fence_proxy_async_smem();
     __syncthreads();
+    tl_mark(kTlNUnitDone, loads);
   }
 }
 

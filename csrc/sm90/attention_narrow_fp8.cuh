@@ -565,6 +565,7 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
   for (int grp = cr.group0; grp < cr.group_end; ++grp) {
     const UnitWork w = unit_work(p, grp, cr.lane_m, cr.beg, cr.end);
     if (!w.valid) continue;
+    tl_mark(kTlNUnitFound, loads);
     const Unit& unit = w.unit;
     const int kb0 = w.kb0, kb1 = w.kb1, kv_len = unit.kv_len;
     const int* bt_row = p.block_tables + (long long)unit.b * p.block_table_stride;
@@ -577,6 +578,7 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
       if (tw < 32) first_block_pages_fp8(p, bt_row, kb0, kb1, kv_len, wg, pages);
       load_q_rows_e4m3_raw<kN, kQ8>(p, unit.q_row_base, unit.rows, wg, qv);
       if (tw < 32) issue_first_blocks_fp8(p, ss.kv, ss.bar, kb0, kb1, wg, loads, pages);
+      tl_mark(kTlNFirstIssued, loads);
     } else {
       // Both page ids first: the two loads overlap before the copies that depend on them.
       const int page0 = kb0 + wg < kb1 ? token_page(p, bt_row, kb0 + wg, kv_len) : p.num_pages;
@@ -597,6 +599,7 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
     store_q_rows_e4m3<kN, kQ8>(&ss.q[0][0], ss.qexp[wg], wg, qv);
     fence_proxy_async_smem();
     __syncthreads();
+    tl_mark(kTlNQLanded, loads);
 
     // Row c's score scale to the log2 domain (a bf16 query: times Q's exponent shift; NaN for a
     // row that is not finite).
@@ -842,6 +845,7 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
       }
     }
     wg_barrier_even_up<3>(wg, kb1 - kb0);
+    tl_mark(kTlNEpilogue, loads);
 
     // ---- epilogue: each warpgroup's sums, max and O to shared memory, merged per row ----------
     // Sums over the 8 row lanes (xor 4, 8, 16) and the 4 warps.
@@ -920,6 +924,7 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
     // after these generic-proxy reads), Q, qexp, colmax, m and l.
     fence_proxy_async_smem();
     __syncthreads();
+    tl_mark(kTlNUnitDone, loads);
   }
 }
 
