@@ -887,39 +887,17 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
     // m): one array and one warpgroup barrier fewer. (Racecheck: wg_barrier_even_up above.)
     __syncthreads();
 
-    // The 64-row epilogue's layout: rows r_a, r_b (Q rows here), this warpgroup's 256 columns.
-    const float* ob0 = reinterpret_cast<const float*>(ss.kv[0]);
-    const float* ob1 = reinterpret_cast<const float*>(ss.kv[2]);
-    float o[128];
-    float mrow[2] = {kMaxInit, kMaxInit}, tot[2] = {0.f, 0.f};
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = h == 0 ? r_a : r_b;
-      float f0 = 0.f, f1 = 0.f;
-      if (r < kN) {
-        const float m0 = ss.m[0][r], m1 = ss.m[1][r], mx = fmaxf(m0, m1);
-        f0 = exp2_approx(m0 - mx);
-        f1 = exp2_approx(m1 - mx);
-        mrow[h] = mx;
-        const float l0 = ss.colmax[0][0][r] + ss.colmax[0][1][r] + ss.colmax[0][2][r] + ss.colmax[0][3][r];
-        const float l1 = ss.colmax[1][0][r] + ss.colmax[1][1][r] + ss.colmax[1][2][r] + ss.colmax[1][3][r];
-        tot[h] = l0 * f0 + l1 * f1;
-      }
-#pragma unroll
-      for (int t = 0; t < kOCols / 8; ++t) {
-        const int col = merge_swizzle(wg * kOCols + 8 * t + 2 * q4);  // even: the pair stays a pair
-        float2 v = make_float2(0.f, 0.f);
-        if (r < kN) {
-          const float2 a = *reinterpret_cast<const float2*>(ob0 + r * kMergeStride + col);
-          const float2 b = *reinterpret_cast<const float2*>(ob1 + r * kMergeStride + col);
-          v = make_float2(a.x * f0 + b.x * f1, a.y * f0 + b.y * f1);
-        }
-        o[4 * t + 2 * h + 0] = v.x;
-        o[4 * t + 2 * h + 1] = v.y;
-      }
+    // Both warpgroups' O merged per row by all eight warps (store_unit_rows).
+    {
+      const int c = tid / (kNumThreads / kN);
+      const float m0 = ss.m[0][c], m1 = ss.m[1][c], mx = fmaxf(m0, m1);
+      const float f0 = exp2_approx(m0 - mx), f1 = exp2_approx(m1 - mx);
+      const float l0 = ss.colmax[0][0][c] + ss.colmax[0][1][c] + ss.colmax[0][2][c] + ss.colmax[0][3][c];
+      const float l1 = ss.colmax[1][0][c] + ss.colmax[1][1][c] + ss.colmax[1][2][c] + ss.colmax[1][3][c];
+      store_unit_rows<kN>(p, w, partial_slot(p, cr.set, grp, cr.lane_m), c, reinterpret_cast<const float*>(ss.kv[0]),
+                          reinterpret_cast<const float*>(ss.kv[2]), f0, f1, mx - kPShift, l0 * f0 + l1 * f1, bmm2,
+                          [](int v) { return merge_swizzle(v); });
     }
-    store_unit_result(p, w, partial_slot(p, cr.set, grp, cr.lane_m), wg, r_a, r_b, q4, o, mrow[0] - kPShift,
-                      mrow[1] - kPShift, tot[0], tot[1], bmm2);
     // The next unit reuses the stages (they hold the merge buffers; its TMA writes must come
     // after these generic-proxy reads), Q, qexp, colmax, m and l.
     fence_proxy_async_smem();

@@ -11,6 +11,7 @@
 #include "../common/probe.h"
 #include "../common/units.cuh"
 #include "../config.h"
+#include "smem_size.h"
 
 namespace jit_mla::sm90 {
 
@@ -107,6 +108,16 @@ __device__ __forceinline__ int unit_row_limit(const MlaParams& p, const Unit& u,
   return r < u.rows ? row_kv_limit(u.kv_len, u.q_len, (u.row0 + r) / p.num_heads) : u.kv_extent;
 }
 
+// A row's log2-sum-exp over the keys it saw (-inf: none) and the factor 1 / sum (0 then) that
+// normalizes its O. m: its final running max (log2 domain), tot: its softmax sum relative to it.
+struct RowNorm {
+  float lse, f;
+};
+__device__ __forceinline__ RowNorm row_norm(float m, float tot) {
+  const bool seen = tot > 0.f && m != -INFINITY;
+  return RowNorm{seen ? m + log2f(tot) : -INFINITY, seen ? 1.f / tot : 0.f};
+}
+
 // Writes this warpgroup's half of O (columns [256 wg, 256 wg + 256), m64n256 accumulator layout:
 // rows r_a, r_b = r_a + 8; element 4t+e at column 8t + 2 q4 + (e&1)). m: the rows' final running
 // max (log2 domain), tot: their full softmax denominators relative to it.
@@ -115,10 +126,9 @@ __device__ __forceinline__ void store_unit_result(const MlaParams& p, const Unit
                                                   const float (&o)[128], float m_a, float m_b,
                                                   float tot_a, float tot_b, float bmm2) {
   const Unit& u = w.unit;
-  const bool seen_a = tot_a > 0.f && m_a != -INFINITY, seen_b = tot_b > 0.f && m_b != -INFINITY;
-  const float lse_a = seen_a ? m_a + log2f(tot_a) : -INFINITY;
-  const float lse_b = seen_b ? m_b + log2f(tot_b) : -INFINITY;
-  float f_a = seen_a ? 1.f / tot_a : 0.f, f_b = seen_b ? 1.f / tot_b : 0.f;
+  const RowNorm na = row_norm(m_a, tot_a), nb = row_norm(m_b, tot_b);
+  const float lse_a = na.lse, lse_b = nb.lse;
+  float f_a = na.f, f_b = nb.f;
   const int col0 = wg * kOCols + 2 * q4;
   const bool ok_a = r_a < u.rows, ok_b = r_b < u.rows;
 
@@ -164,6 +174,54 @@ __device__ __forceinline__ void store_unit_result(const MlaParams& p, const Unit
   if (p.lse != nullptr && wg == 0 && q4 == 0) {
     if (ok_a) p.lse[u.q_row_base + r_a] = fa.lse;
     if (ok_b) p.lse[u.q_row_base + r_b] = fb.lse;
+  }
+}
+
+// The narrow kernels' unit result (units of kN <= 32 rows), from their merge buffers: both
+// warpgroups' O^T as (kN rows, 512) fp32 at ob0 / ob1, rows kMergeStride floats apart, column v
+// at swz(v), a permutation that keeps each aligned group of 4 columns in one aligned 16 bytes,
+// with its two pairs in order or swapped. The calling thread owns row c (threadIdx.x /
+// (256 / kN)) and every (256 / kN)-th 4-column group of it: all eight warps store (the 64-row
+// layout of store_unit_result gives a 16-row unit to one warp per warpgroup, ~3 µs at a unit's
+// end), each eight threads read 128 contiguous bytes (no bank conflict) and each row's threads
+// write a contiguous 64 or 128 bytes. Row c's O = ob0 f0 + ob1 f1, final max m and softmax sum
+// tot as row_norm takes them.
+template <int kN, class Swz>
+__device__ __forceinline__ void store_unit_rows(const MlaParams& p, const UnitWork& w, int slot, int c,
+                                                const float* ob0, const float* ob1, float f0, float f1,
+                                                float m, float tot, float bmm2, Swz swz) {
+  constexpr int kPerRow = kNumThreads / kN;       // threads per row: 16 or 8
+  constexpr int kSteps = kHeadDimV / 4 / kPerRow;  // 4-column groups per thread: 8 or 16
+  static_assert(kPerRow * kN == kNumThreads && kSteps * 4 * kPerRow == kHeadDimV, "rows split evenly");
+  const Unit& u = w.unit;
+  if (c >= u.rows) return;
+  const int j = threadIdx.x % kPerRow;
+  const RowNorm rn = row_norm(m, tot);
+  float f = rn.f;
+  __nv_bfloat16* dst;
+  if (w.split) {
+    dst = partial_row(p, slot, c);
+    if (j == 0) p.partial_lse[slot * kBlockM + c] = rn.lse;
+  } else {
+    const RowFinal fin = finalize_row(rn.lse, p.sinks, (u.row0 + c) % p.num_heads, bmm2);
+    f *= fin.scale;
+    dst = static_cast<__nv_bfloat16*>(p.out) + (u.q_row_base + c) * kHeadDimV;
+    if (p.lse != nullptr && j == 0) p.lse[u.q_row_base + c] = fin.lse;
+  }
+  const float* row0 = ob0 + c * kMergeStride;
+  const float* row1 = ob1 + c * kMergeStride;
+#pragma unroll
+  for (int i = 0; i < kSteps; ++i) {
+    const int col = 4 * (j + kPerRow * i);
+    const int at = swz(col);
+    const float4 a = *reinterpret_cast<const float4*>(row0 + (at & ~3));
+    const float4 b = *reinterpret_cast<const float4*>(row1 + (at & ~3));
+    const bool swap = (at & 2) != 0;  // columns col, col + 1 in the upper pair
+    const float v0 = a.x * f0 + b.x * f1, v1 = a.y * f0 + b.y * f1;
+    const float v2 = a.z * f0 + b.z * f1, v3 = a.w * f0 + b.w * f1;
+    const uint32_t lo = swap ? pack_bf16x2(v2 * f, v3 * f) : pack_bf16x2(v0 * f, v1 * f);
+    const uint32_t hi = swap ? pack_bf16x2(v0 * f, v1 * f) : pack_bf16x2(v2 * f, v3 * f);
+    *reinterpret_cast<uint2*>(dst + col) = make_uint2(lo, hi);
   }
 }
 
