@@ -9,8 +9,8 @@
 //                                          MN-major), B = P (kN rows x 64 tokens, K-major)
 // The two warpgroups run independent loops over alternate KV blocks (warpgroup w: blocks
 // kb0 + w, kb0 + w + 2, ..., in stage w), each with its own running max; at the end of a unit
-// their O, max and sums are merged through shared memory and written by the 64-row epilogue
-// (store_unit_result), so outputs, partials, LSE and sinks are handled as in the other kernels.
+// their O, max and sums are merged through shared memory and written by store_unit_rows
+// (epilogue.cuh), which handles outputs, partials, LSE and sinks as the other kernels' epilogue.
 #pragma once
 #include <cuda_bf16.h>
 
