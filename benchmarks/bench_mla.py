@@ -77,6 +77,7 @@ MIB = 2**20
 GIB = 2**30
 MIN_BYTES_PER_REPLAY = 512 * MIB  # KV streamed per graph replay: well past the 50 MB L2
 SPEC_SEED = 0  # the ragged spec-decode draft lengths
+MIXED_SEED = 1  # the mixed-length decode rows' KV lengths
 DATA_SEED = 1234
 FLASHINFER_WORKSPACE_BYTES = 256 * MIB
 # H200 figures from the kernel notes; used only by --dry-run and --assume-ceilings.
@@ -230,6 +231,13 @@ def shape_table() -> list[Shape]:
         return Shape("spec_b64_q1to4_kv4096_h128" + dtype_suffix(kv_fp8, q_fp8), 128, spec_q, (4096,) * 64,
                      ragged=True, role=role, kv_fp8=kv_fp8 or q_fp8, q_fp8=q_fp8)
 
+    # A serving batch's requests differ in length: every row above has equal ones, which the
+    # planner splits in equal pieces (no CTA ends one request and starts another); these run the
+    # general cuts. Uniform in [lo, hi], seeded.
+    mixed = random.Random(MIXED_SEED)
+    mixed_h16 = tuple(mixed.randint(1024, 16384) for _ in range(64))
+    mixed_h128 = tuple(mixed.randint(512, 8192) for _ in range(128))
+
     return [
         uniform_shape(128, 4096, 128, 1, "TP1 decode"),
         uniform_shape(128, 4096, 128, 2, "TP1 MTP 2"),
@@ -263,6 +271,9 @@ def shape_table() -> list[Shape]:
         uniform_shape(64, 8192, 16, 4, "TP8 MTP 4, fp8 q + KV", q_fp8=True),
         uniform_shape(8, 4096, 128, 1, "TP1 batch 8, fp8 q + KV", q_fp8=True),
         spec("ragged spec decode, fp8 q + KV", q_fp8=True),
+        # mixed KV lengths (appended: the indices above stay as the notes cite them)
+        Shape("mixed_b64_kv1k_16k_h16", 16, (1,) * 64, mixed_h16, role="TP8 decode, mixed lengths"),
+        Shape("mixed_b128_kv512_8k_h128", 128, (1,) * 128, mixed_h128, role="TP1 decode, mixed lengths"),
     ]
 
 
@@ -346,7 +357,9 @@ def print_dry_run(shapes: Sequence[Shape], all_shapes: Sequence[Shape], ceilings
     for s in shapes:
         row = shape_row(all_shapes.index(s), s)
         add_roofline(row, ceilings)
-        print(f"| {row['index']} | {s.name} | {s.batch} | {s.num_heads} | {s.total_q} | {row['kv_len']} | "
+        kv = row["kv_len"] if len(set(s.kv_lens)) == 1 else (
+            f"{min(s.kv_lens)}..{s.max_kv_len} (mean {sum(s.kv_lens) / s.batch:.0f})")
+        print(f"| {row['index']} | {s.name} | {s.batch} | {s.num_heads} | {s.total_q} | {kv} | "
               f"{s.kv_bytes / 1e6:.1f} | {s.q_bytes / 1e6:.2f} | {s.out_bytes / 1e6:.2f} | {s.bytes} | "
               f"{s.flops} | {s.intensity:.1f} | {row['bound']} | {row['roofline_us']:.1f} | {s.n_sets} | "
               f"{row['kv_bytes_per_replay'] / 1e6:.0f} |")

@@ -78,7 +78,7 @@ def test_visible_flops_follow_the_bottom_right_causal_mask(bench):
 
 def test_table_and_calls_per_replay(bench):
     shapes = bench.shape_table()
-    assert len(shapes) == 27 and len({s.name for s in shapes}) == 27
+    assert len(shapes) == 29 and len({s.name for s in shapes}) == 29
     spec = _by_name(bench, "spec_b64_q1to4_kv4096_h128")
     assert spec.ragged and spec.batch == 64 and set(spec.q_lens) <= {1, 2, 3, 4} and len(set(spec.q_lens)) > 1
     for ragged, twin in bench.RAGGED_TWINS:  # the uniform twin has as many tokens, same kv and H
@@ -93,6 +93,10 @@ def test_table_and_calls_per_replay(bench):
     # one 8192-token request (9.44 MB of KV): ceil(512 MiB / 9,437,184 B) = 57 calls per replay
     assert _by_name(bench, "b1_kv8192_h16_q1").n_sets == 57
     assert _by_name(bench, "b128_kv8192_h128_q1").n_sets == 1
+    for name, lo, hi in (("mixed_b64_kv1k_16k_h16", 1024, 16384), ("mixed_b128_kv512_8k_h128", 512, 8192)):
+        mixed = _by_name(bench, name)  # seeded lengths of one decode step each, spread over [lo, hi]
+        assert set(mixed.q_lens) == {1} and not mixed.ragged and mixed.kv_lens == _by_name(bench, name).kv_lens
+        assert lo <= min(mixed.kv_lens) < max(mixed.kv_lens) <= hi and len(set(mixed.kv_lens)) > len(mixed.kv_lens) // 2
 
 
 def test_shape_selection(bench):
@@ -104,7 +108,7 @@ def test_shape_selection(bench):
     with pytest.raises(ValueError, match="matches no shape"):
         bench.select_shapes(shapes, "nope")
     with pytest.raises(ValueError, match="out of range"):
-        bench.select_shapes(shapes, "27")
+        bench.select_shapes(shapes, "29")
 
 
 def test_dry_run_prints_the_table_without_a_gpu():
