@@ -8,8 +8,9 @@
 // kUnitOverheadBlocks + its KV blocks. The total cost W is cut into equal ranges, one per CTA set
 // (num_ctas / m_group of them); a cut falling inside a group's KV blocks splits it (the partials
 // are merged by the combine phase), a cut falling in its overhead snaps to the group's start.
-// Groups that all cost the same (a uniform decode batch) are not cut at arbitrary offsets:
-// more groups than sets go whole, a few to a set; fewer go in equal pieces, one to a set (step 3).
+// Groups that all cost the same (a uniform decode batch) may instead go whole, a few to a set
+// (more groups than sets, if that leaves >= kWholeGroupSetsPct % of the sets busy), or in equal
+// pieces, one to a set (2 .. s_eff groups, if the largest piece passes the cost test): step 3.
 // Deterministic: the same inputs give the same plan.
 #pragma once
 #include "../config.h"

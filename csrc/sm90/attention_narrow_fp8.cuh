@@ -834,9 +834,9 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
             for (int e = 0; e < 2; ++e) ss.m_prom[wg][n & 1][8 * t + 2 * q4 + e] = m_run[t][e];
       }
     }
-    // The promoted chains back in (warpgroup w's slot rows 32 w + c; the merge below reads and
-    // writes only shared memory, and the split partial's bf16 rows, over the slot's fp32 ones,
-    // are written after its CTA barrier).
+    // The promoted chains back in (warpgroup w's slot rows 32 w + c; the merge below works in
+    // shared memory until store_unit_rows, whose split partial's bf16 rows, over the slot's fp32
+    // ones, are written after its CTA barriers).
     {
       const int mine = kb1 - kb0 > wg ? (kb1 - kb0 - wg + 1) / 2 : 0;  // this warpgroup's blocks
       if (mine > kPromoteBlocks) {

@@ -122,8 +122,9 @@ static_assert(sizeof(WideFp8BSmem) <= kSmemOptin, "shared memory over the sm_90 
 static_assert(offsetof(WideFp8BSmem, colmax) % 512 == 0, "the swizzled tiles are whole 512-byte atoms");
 
 // The end of a unit merges the two warpgroups' O (kN rows, 512) fp32, each in its own stage, rows
-// kMergeStride floats apart (8 more than 512: the float2 reads of 8 rows then hit 8 bank groups;
-// the fp8 kernel reads and writes through its merge_swizzle).
+// kMergeStride floats apart (8 more than 512: the bf16 kernel's scattered O^T stores of 8 rows
+// then hit 8 bank groups; the fp8 kernel writes through its merge_swizzle). store_unit_rows
+// reads them back by 4-column groups, 128 contiguous bytes per 8 threads.
 constexpr int kMergeStride = kHeadDimV + 8;
 static_assert(32 * kMergeStride * 4 <= kTileBytes, "a warpgroup's O fits in its stage");
 static_assert(32 * kMergeStride * 4 <= 2 * kFp8TileBytes, "a warpgroup's O fits in its two fp8 stages");
