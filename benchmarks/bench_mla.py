@@ -198,10 +198,16 @@ class Shape:
             return 1
         return max(1, -(-MIN_BYTES_PER_REPLAY // self.kv_bytes_per_set))
 
+    @property
+    def kv_label(self) -> str:
+        """The requests' seq_len, or min..max (mean) when they differ."""
+        if len(set(self.kv_lens)) == 1:
+            return str(self.kv_lens[0])
+        return f"{min(self.kv_lens)}..{self.max_kv_len} (mean {sum(self.kv_lens) / self.batch:.0f})"
+
     def describe(self) -> str:
         q = f"q={self.q_lens[0]}" if len(set(self.q_lens)) == 1 else f"q={min(self.q_lens)}..{self.max_q_len}"
-        kv = f"kv={self.kv_lens[0]}" if len(set(self.kv_lens)) == 1 else f"kv={min(self.kv_lens)}..{self.max_kv_len}"
-        return f"B={self.batch} {q} (total {self.total_q}) {kv} H={self.num_heads}"
+        return f"B={self.batch} {q} (total {self.total_q}) kv={self.kv_label} H={self.num_heads}"
 
 
 def dtype_suffix(kv_fp8: bool, q_fp8: bool) -> str:
@@ -357,9 +363,7 @@ def print_dry_run(shapes: Sequence[Shape], all_shapes: Sequence[Shape], ceilings
     for s in shapes:
         row = shape_row(all_shapes.index(s), s)
         add_roofline(row, ceilings)
-        kv = row["kv_len"] if len(set(s.kv_lens)) == 1 else (
-            f"{min(s.kv_lens)}..{s.max_kv_len} (mean {sum(s.kv_lens) / s.batch:.0f})")
-        print(f"| {row['index']} | {s.name} | {s.batch} | {s.num_heads} | {s.total_q} | {kv} | "
+        print(f"| {row['index']} | {s.name} | {s.batch} | {s.num_heads} | {s.total_q} | {s.kv_label} | "
               f"{s.kv_bytes / 1e6:.1f} | {s.q_bytes / 1e6:.2f} | {s.out_bytes / 1e6:.2f} | {s.bytes} | "
               f"{s.flops} | {s.intensity:.1f} | {row['bound']} | {row['roofline_us']:.1f} | {s.n_sets} | "
               f"{row['kv_bytes_per_replay'] / 1e6:.0f} |")
