@@ -321,11 +321,9 @@ __device__ void attention_narrow(const MlaParams& p) {
     // Both warpgroups' O merged per row by all eight warps (store_unit_rows).
     {
       const int c = tid / (kNumThreads / kN);
-      const float m0 = ss.m[0][c], m1 = ss.m[1][c], mx = fmaxf(m0, m1);
-      const float f0 = exp2_approx(m0 - mx), f1 = exp2_approx(m1 - mx);
       store_unit_rows<kN>(p, w, partial_slot(p, cr.set, grp, cr.lane_m), c, reinterpret_cast<const float*>(ss.kv[0]),
-                          reinterpret_cast<const float*>(ss.kv[1]), f0, f1, mx, ss.l[0][c] * f0 + ss.l[1][c] * f1,
-                          bmm2, [](int v) { return v; });
+                          reinterpret_cast<const float*>(ss.kv[1]), ss.m[0][c], ss.m[1][c], ss.l[0][c], ss.l[1][c],
+                          0.f, bmm2, [](int v) { return v; });
     }
     // The next unit reuses the stages (they hold the merge buffers; its TMA writes must come
     // after these generic-proxy reads), Q, colmax, m and l.

@@ -890,13 +890,11 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
     // Both warpgroups' O merged per row by all eight warps (store_unit_rows).
     {
       const int c = tid / (kNumThreads / kN);
-      const float m0 = ss.m[0][c], m1 = ss.m[1][c], mx = fmaxf(m0, m1);
-      const float f0 = exp2_approx(m0 - mx), f1 = exp2_approx(m1 - mx);
       const float l0 = ss.colmax[0][0][c] + ss.colmax[0][1][c] + ss.colmax[0][2][c] + ss.colmax[0][3][c];
       const float l1 = ss.colmax[1][0][c] + ss.colmax[1][1][c] + ss.colmax[1][2][c] + ss.colmax[1][3][c];
       store_unit_rows<kN>(p, w, partial_slot(p, cr.set, grp, cr.lane_m), c, reinterpret_cast<const float*>(ss.kv[0]),
-                          reinterpret_cast<const float*>(ss.kv[2]), f0, f1, mx - kPShift, l0 * f0 + l1 * f1, bmm2,
-                          [](int v) { return merge_swizzle(v); });
+                          reinterpret_cast<const float*>(ss.kv[2]), ss.m[0][c], ss.m[1][c], l0, l1, kPShift,
+                          bmm2, [](int v) { return merge_swizzle(v); });
     }
     // The next unit reuses the stages (they hold the merge buffers; its TMA writes must come
     // after these generic-proxy reads), Q, qexp, colmax, m and l.

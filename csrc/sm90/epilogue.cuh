@@ -184,19 +184,23 @@ __device__ __forceinline__ void store_unit_result(const MlaParams& p, const Unit
 // (256 / kN)) and every (256 / kN)-th 4-column group of it: all eight warps store (in the
 // 64-row layout of store_unit_result a 16-row unit is one warp's per warpgroup: the narrow
 // epilogue took ~5,700 cycles that way, ~2,600 this way), each eight threads read 128 contiguous
-// bytes (no bank conflict) and each row's threads write a contiguous 64 or 128 bytes. Row c's O = ob0 f0 + ob1 f1, final max m and softmax sum
-// tot as row_norm takes them.
+// bytes (no bank conflict) and each row's threads write a contiguous 64 or 128 bytes. Row c's
+// running maxima m0, m1 and softmax sums l0, l1 of the two warpgroups are merged here: O = ob0 f0
+// + ob1 f1 with f = 2^(m - max); m_shift is the log2 factor the kernel's P carried (the fp8
+// kernels' e4m3 offset; 0 for bf16), taken off the final max as row_norm wants it.
 template <int kN, class Swz>
 __device__ __forceinline__ void store_unit_rows(const MlaParams& p, const UnitWork& w, int slot, int c,
-                                                const float* ob0, const float* ob1, float f0, float f1,
-                                                float m, float tot, float bmm2, Swz swz) {
+                                                const float* ob0, const float* ob1, float m0, float m1,
+                                                float l0, float l1, float m_shift, float bmm2, Swz swz) {
   constexpr int kPerRow = kNumThreads / kN;       // threads per row: 16 or 8
   constexpr int kSteps = kHeadDimV / 4 / kPerRow;  // 4-column groups per thread: 8 or 16
   static_assert(kPerRow * kN == kNumThreads && kSteps * 4 * kPerRow == kHeadDimV, "rows split evenly");
   const Unit& u = w.unit;
   if (c >= u.rows) return;
   const int j = threadIdx.x % kPerRow;
-  const RowNorm rn = row_norm(m, tot);
+  const float mx = fmaxf(m0, m1);
+  const float f0 = exp2_approx(m0 - mx), f1 = exp2_approx(m1 - mx);
+  const RowNorm rn = row_norm(mx - m_shift, l0 * f0 + l1 * f1);
   float f = rn.f;
   __nv_bfloat16* dst;
   if (w.split) {
