@@ -524,7 +524,6 @@ __device__ void attention_seesaw(const MlaParams& p) {
           l_a *= sc0_a;
           l_b *= sc0_b;
         }
-        mbar_arrive(hand0 + 8 * kHandP1);  // every pair, so the phase stays the pair count's
         tl_mark(kTlExpDone, pairs);
         scale_o(o, sc0_a * sc1_a, sc0_b * sc1_b);
 
@@ -541,6 +540,10 @@ __device__ void attention_seesaw(const MlaParams& p) {
         if ((kb + 1) * kBlockN > kv_len) zero_v_tail(ss.kv[0], kv_len - kb * kBlockN, 1);
         pv_ss(o, sKV[0] + 8 * kBoxBytes, sKV[0] + 4 * kBoxBytes);
         tl_mark(kTlPv2Issued, pairs);
+        // P1 handed to WG0 only now (every pair, so the phase stays the pair count's): WG0's SS PV
+        // and its next QK^T reach the tensor pipe behind both of WG1's PVs, so V_R(b), which WG0's
+        // QK^T of b+2 needs, is free and refilled a PV earlier (FlashMLA's order).
+        mbar_arrive(hand0 + 8 * kHandP1);
         if (has1) {
           mma_wait<1>();
           tl_mark(kTlPv1Done, pairs);
