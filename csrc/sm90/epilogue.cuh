@@ -129,51 +129,46 @@ __device__ __forceinline__ void store_unit_result(const MlaParams& p, const Unit
   const RowNorm na = row_norm(m_a, tot_a), nb = row_norm(m_b, tot_b);
   const float lse_a = na.lse, lse_b = nb.lse;
   float f_a = na.f, f_b = nb.f;
-  const int col0 = wg * kOCols + 2 * q4;
   const bool ok_a = r_a < u.rows, ok_b = r_b < u.rows;
 
+  // The rows' destinations: the split's partial rows (bf16, partial_row) and its LSE, or the
+  // output rows, scaled by finalize_row (sinks), and the call's LSE.
+  __nv_bfloat16 *dst_a, *dst_b;
   if (w.split) {
-    // bf16 pairs (partial_row). Lanes q4 and q4 ^ 1 swap one pair so that each writes 4 columns
-    // (8 bytes) of column octet t (even q4) or t + 1 (odd q4): a warp's store then fills whole
-    // 32-byte sectors (8 rows x octets t, t + 1), not halves (as 4-byte stores would).
-    const bool odd = q4 & 1;
-    const int c_even = wg * kOCols + 2 * (q4 & 2);  // the column this lane writes, less 8 t (+ 8 if odd)
-    __nv_bfloat16* po_a = partial_row(p, slot, r_a) + c_even + (odd ? 8 : 0);
-    __nv_bfloat16* po_b = partial_row(p, slot, r_b) + c_even + (odd ? 8 : 0);
-#pragma unroll
-    for (int t = 0; t < kOCols / 8; t += 2) {
-      const uint32_t a0 = pack_bf16x2(o[4 * t + 0] * f_a, o[4 * t + 1] * f_a);
-      const uint32_t a1 = pack_bf16x2(o[4 * t + 4] * f_a, o[4 * t + 5] * f_a);
-      const uint32_t b0 = pack_bf16x2(o[4 * t + 2] * f_b, o[4 * t + 3] * f_b);
-      const uint32_t b1 = pack_bf16x2(o[4 * t + 6] * f_b, o[4 * t + 7] * f_b);
-      const uint32_t ra = __shfl_xor_sync(0xffffffffu, odd ? a0 : a1, 1);
-      const uint32_t rb = __shfl_xor_sync(0xffffffffu, odd ? b0 : b1, 1);
-      if (ok_a) *reinterpret_cast<uint2*>(po_a + 8 * t) = odd ? make_uint2(ra, a1) : make_uint2(a0, ra);
-      if (ok_b) *reinterpret_cast<uint2*>(po_b + 8 * t) = odd ? make_uint2(rb, b1) : make_uint2(b0, rb);
-    }
+    dst_a = partial_row(p, slot, r_a);
+    dst_b = partial_row(p, slot, r_b);
     if (wg == 0 && q4 == 0) {
       if (ok_a) p.partial_lse[slot * kBlockM + r_a] = lse_a;
       if (ok_b) p.partial_lse[slot * kBlockM + r_b] = lse_b;
     }
-    return;
+  } else {
+    const RowFinal fa = finalize_row(lse_a, p.sinks, (u.row0 + r_a) % p.num_heads, bmm2);
+    const RowFinal fb = finalize_row(lse_b, p.sinks, (u.row0 + r_b) % p.num_heads, bmm2);
+    f_a *= fa.scale;
+    f_b *= fb.scale;
+    __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out);
+    dst_a = out + (u.q_row_base + r_a) * kHeadDimV;
+    dst_b = out + (u.q_row_base + r_b) * kHeadDimV;
+    if (p.lse != nullptr && wg == 0 && q4 == 0) {
+      if (ok_a) p.lse[u.q_row_base + r_a] = fa.lse;
+      if (ok_b) p.lse[u.q_row_base + r_b] = fb.lse;
+    }
   }
-  const RowFinal fa = finalize_row(lse_a, p.sinks, (u.row0 + r_a) % p.num_heads, bmm2);
-  const RowFinal fb = finalize_row(lse_b, p.sinks, (u.row0 + r_b) % p.num_heads, bmm2);
-  f_a *= fa.scale;
-  f_b *= fb.scale;
-  __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out);
+  // bf16 pairs. Lanes q4 and q4 ^ 1 swap one pair so that each writes 4 columns (8 bytes) of
+  // column octet t (even q4) or t + 1 (odd q4): a warp's store then fills whole 32-byte sectors
+  // (8 rows x octets t, t + 1), not halves (as 4-byte stores would).
+  const bool odd = q4 & 1;
+  const int c_even = wg * kOCols + 2 * (q4 & 2) + (odd ? 8 : 0);  // this lane's column, less 8 t
 #pragma unroll
-  for (int t = 0; t < kOCols / 8; ++t) {
-    if (ok_a)
-      *reinterpret_cast<uint32_t*>(out + (u.q_row_base + r_a) * kHeadDimV + col0 + 8 * t) =
-          pack_bf16x2(o[4 * t + 0] * f_a, o[4 * t + 1] * f_a);
-    if (ok_b)
-      *reinterpret_cast<uint32_t*>(out + (u.q_row_base + r_b) * kHeadDimV + col0 + 8 * t) =
-          pack_bf16x2(o[4 * t + 2] * f_b, o[4 * t + 3] * f_b);
-  }
-  if (p.lse != nullptr && wg == 0 && q4 == 0) {
-    if (ok_a) p.lse[u.q_row_base + r_a] = fa.lse;
-    if (ok_b) p.lse[u.q_row_base + r_b] = fb.lse;
+  for (int t = 0; t < kOCols / 8; t += 2) {
+    const uint32_t a0 = pack_bf16x2(o[4 * t + 0] * f_a, o[4 * t + 1] * f_a);
+    const uint32_t a1 = pack_bf16x2(o[4 * t + 4] * f_a, o[4 * t + 5] * f_a);
+    const uint32_t b0 = pack_bf16x2(o[4 * t + 2] * f_b, o[4 * t + 3] * f_b);
+    const uint32_t b1 = pack_bf16x2(o[4 * t + 6] * f_b, o[4 * t + 7] * f_b);
+    const uint32_t ra = __shfl_xor_sync(0xffffffffu, odd ? a0 : a1, 1);
+    const uint32_t rb = __shfl_xor_sync(0xffffffffu, odd ? b0 : b1, 1);
+    if (ok_a) *reinterpret_cast<uint2*>(dst_a + c_even + 8 * t) = odd ? make_uint2(ra, a1) : make_uint2(a0, ra);
+    if (ok_b) *reinterpret_cast<uint2*>(dst_b + c_even + 8 * t) = odd ? make_uint2(rb, b1) : make_uint2(b0, rb);
   }
 }
 
