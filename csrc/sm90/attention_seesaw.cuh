@@ -16,6 +16,8 @@
 #pragma once
 #include <cuda_bf16.h>
 
+#include <type_traits>
+
 #include "../common/device_utils.cuh"
 #include "../common/params.h"
 #include "../common/plan.cuh"
@@ -217,6 +219,8 @@ __device__ __forceinline__ void tree_reduce8(float (&ra)[8], float (&rb)[8], Op 
 // scaled here; exp_rows applies ps in its FFMA (32 FMULs per block fewer than scaling S).
 // Only blocks that reach a limit pay for the mask: a thread's two rows need none when the whole
 // block [blk0, blk0 + 64) lies below both limits.
+// kMaybeMask false: the caller knows the block lies below both limits (a steady pair).
+template <bool kMaybeMask = true>
 __device__ __forceinline__ void block_max(float (&s)[32], int blk0, int q4, int lim_a, int lim_b,
                                           float scale_log2, float ps, float& mx_a, float& mx_b) {
   if constexpr (kProbeNoSoftmax) {
@@ -227,7 +231,7 @@ __device__ __forceinline__ void block_max(float (&s)[32], int blk0, int q4, int 
 #pragma unroll
     for (int i = 0; i < 32; ++i) s[i] *= scale_log2;
   }
-  if (blk0 + kBlockN > min(lim_a, lim_b)) {
+  if (kMaybeMask && blk0 + kBlockN > min(lim_a, lim_b)) {
 #pragma unroll
     for (int t = 0; t < 8; ++t) {
 #pragma unroll
@@ -412,10 +416,15 @@ __device__ void attention_seesaw(const MlaParams& p) {
 
     probe_file(kSiteProlog, t_unit);
     const long long t_loop = probe_clock();
-    for (int kb = kb0; kb < kb1; kb += 2) {
+    // One block pair. kSteady: a pair with blocks kb + 2 and kb + 3 after it, whose rows see
+    // every token of kb and kb + 1 (no mask, no V tail): its own instantiation, without the
+    // tail's branches, so that the loop that runs most pairs is small (FlashMLA's hot loops are
+    // about a third of this kernel's; docs/notes-flashmla.md item 5).
+    auto run_pair = [&](const int kb, auto steady) {
       probe_count(kSitePairs);
       tl_mark(kTlPairStart, pairs);
-      const bool has1 = kb + 1 < kb1, has2 = kb + 2 < kb1, has3 = kb + 3 < kb1;
+      constexpr bool kSteady = decltype(steady)::value;
+      const bool has1 = kSteady || kb + 1 < kb1, has2 = kSteady || kb + 2 < kb1, has3 = kSteady || kb + 3 < kb1;
       const uint32_t par0 = loads[0] & 1, par1 = loads[1] & 1, hpar = pairs & 1;
       // Warp 0 of each warpgroup issues this pair's refills: lanes 0-7 hold block kb+2's chunk
       // pages, lanes 8-15 block kb+3's; loaded now, used after a softmax and a PV.
@@ -424,7 +433,7 @@ __device__ void attention_seesaw(const MlaParams& p) {
       if (wg == 0) {
         // ---- block kb: softmax against the running max m, O_L += P0 V_L -------------------
         float mx_a, mx_b;
-        block_max(s, kb * kBlockN, rw.q4, lim_a, lim_b, scale_log2, ps, mx_a, mx_b);
+        block_max<!kSteady>(s, kb * kBlockN, rw.q4, lim_a, lim_b, scale_log2, ps, mx_a, mx_b);
         const float mp_a = ss.m[rw.r_a], mp_b = ss.m[rw.r_b];
         const float m0_a = lazy_max(mp_a, mx_a), m0_b = lazy_max(mp_b, mx_b);
         const float sc0_a = exp2_approx(mp_a - m0_a), sc0_b = exp2_approx(mp_b - m0_b);
@@ -439,7 +448,7 @@ __device__ void attention_seesaw(const MlaParams& p) {
         l_a = l_a * sc0_a + sum_a;
         l_b = l_b * sc0_b + sum_b;
         scale_o(o, sc0_a, sc0_b);
-        if ((kb + 1) * kBlockN > kv_len) zero_v_tail(ss.kv[0], kv_len - kb * kBlockN, 0);
+        if (!kSteady && (kb + 1) * kBlockN > kv_len) zero_v_tail(ss.kv[0], kv_len - kb * kBlockN, 0);
         pv_rs(o, pk, sKV[0]);
         tl_mark(kTlPv1Issued, pairs);
         // V_L(b) has no reader after this PV: refill it with block b+2 now, not after WG1's
@@ -466,7 +475,7 @@ __device__ void attention_seesaw(const MlaParams& p) {
         if (has1) {
           kv_wait_boxes(bars[1], 0, 4, par1);
           tl_mark(kTlVReady, pairs);
-          if ((kb + 2) * kBlockN > kv_len) zero_v_tail(ss.kv[1], kv_len - (kb + 1) * kBlockN, 0);
+          if (!kSteady && (kb + 2) * kBlockN > kv_len) zero_v_tail(ss.kv[1], kv_len - (kb + 1) * kBlockN, 0);
           hand_wait(hand0 + 8 * kHandP1, hpar);
           tl_mark(kTlPGot, pairs);
           pv_ss(o, sP1, sKV[1]);
@@ -504,7 +513,7 @@ __device__ void attention_seesaw(const MlaParams& p) {
         float m1_a = m0_a, m1_b = m0_b, sc1_a = 1.f, sc1_b = 1.f;
         if (has1) {
           float mx_a, mx_b;
-          block_max(s, (kb + 1) * kBlockN, rw.q4, lim_a, lim_b, scale_log2, ps, mx_a, mx_b);
+          block_max<!kSteady>(s, (kb + 1) * kBlockN, rw.q4, lim_a, lim_b, scale_log2, ps, mx_a, mx_b);
           m1_a = lazy_max(m0_a, mx_a);
           m1_b = lazy_max(m0_b, mx_b);
           sc1_a = exp2_approx(m0_a - m1_a);
@@ -529,7 +538,7 @@ __device__ void attention_seesaw(const MlaParams& p) {
 
         // ---- O_R += P1 V_R(b+1) (needs nothing from WG0), then O_R += P0' V_R(b) ------------
         if (has1) {
-          if ((kb + 2) * kBlockN > kv_len) zero_v_tail(ss.kv[1], kv_len - (kb + 1) * kBlockN, 1);
+          if (!kSteady && (kb + 2) * kBlockN > kv_len) zero_v_tail(ss.kv[1], kv_len - (kb + 1) * kBlockN, 1);
           pv_rs(o, pk, sKV[1] + 4 * kBoxBytes);
           tl_mark(kTlPv1Issued, pairs);
         }
@@ -537,7 +546,7 @@ __device__ void attention_seesaw(const MlaParams& p) {
         tl_mark(kTlPGot, pairs);
         kv_wait_boxes(bars[0], 4, 8, par0);
         tl_mark(kTlVReady, pairs);
-        if ((kb + 1) * kBlockN > kv_len) zero_v_tail(ss.kv[0], kv_len - kb * kBlockN, 1);
+        if (!kSteady && (kb + 1) * kBlockN > kv_len) zero_v_tail(ss.kv[0], kv_len - kb * kBlockN, 1);
         pv_ss(o, sKV[0] + 8 * kBoxBytes, sKV[0] + 4 * kBoxBytes);
         tl_mark(kTlPv2Issued, pairs);
         // P1 handed to WG0 only now, every pair (the phase stays the pair count's): both of WG1's
@@ -559,7 +568,14 @@ __device__ void attention_seesaw(const MlaParams& p) {
       loads[0] += 1;
       loads[1] += has1 ? 1 : 0;
       pairs += 1;
-    }
+    };
+    // Pairs (kb, kb + 1) with kb + 3 < kb1 and (kb + 2) * 64 <= the unit's smallest row limit
+    // (its first row's: a later token sees more) run steady; the rest as before.
+    const int lim_min = row_kv_limit(kv_len, unit.q_len, unit.row0 / p.num_heads);
+    const int steady_end = min(kb1 - 3, lim_min / kBlockN - 1);  // the first kb that is not steady
+    int kb = kb0;
+    for (; kb < steady_end; kb += 2) run_pair(kb, std::true_type{});
+    for (; kb < kb1; kb += 2) run_pair(kb, std::false_type{});
 
     probe_file(kSiteLoop, t_loop);
     // ---- epilogue: full row sums, normalize, write the output or this split's partial ------
