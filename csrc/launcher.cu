@@ -230,12 +230,13 @@ int64_t workspace_size(int64_t batch, int64_t total_q, int64_t num_heads, int64_
 // e4m3 query too (both matmuls on e4m3 wgmmas). The narrow ids are laid out so that kNarrow16 +
 // kNarrowFp8 (+ kNarrowFp8Any) (+ kNarrowFp8Q) + (32 rows) picks one. kWideFp8Q: e4m3 query and
 // cache, TMA pages, 64-row units (requests of more than 32 rows); kWideFp8: the same with a bf16
-// query (Q and P as hi + lo e4m3 rows).
+// query (Q and P as hi + lo e4m3 rows). kSeesawReread: kSeesaw with the KV at L2's normal
+// priority, for a request with more rows than the grid holds at once (rows_hint > CTAs x 64).
 enum KernelId : int {
   kSeesaw, kAnyPage,
   kNarrow16, kNarrow32, kNarrow16Fp8, kNarrow32Fp8, kNarrow16Fp8Any, kNarrow32Fp8Any,
   kNarrow16Fp8Q, kNarrow32Fp8Q, kNarrow16Fp8QAny, kNarrow32Fp8QAny,
-  kWideFp8Q, kWideFp8,
+  kWideFp8Q, kWideFp8, kSeesawReread,
   kNumKernels,
 };
 constexpr int kNarrowFp8 = kNarrow16Fp8 - kNarrow16, kNarrowFp8Any = kNarrow16Fp8Any - kNarrow16Fp8,
@@ -259,6 +260,7 @@ const KernelInfo kKernelInfo[kNumKernels] = {
     {"mla_sm90_attention_narrow32_fp8q_any", sm90::narrow_fp8_smem_bytes<32>()},
     {"mla_sm90_attention_wide_fp8q", sm90::kWideFp8SmemBytes},
     {"mla_sm90_attention_wide_fp8", sm90::kWideFp8BSmemBytes},
+    {"mla_sm90_attention_reread", sm90::kSeesawSmemBytes},
 };
 
 struct Kernels {
@@ -700,8 +702,9 @@ void run_attention(TensorView out, Optional<TensorView> lse, TensorView query, T
 
   // ---- 4. launch: one kernel (each CTA plans, attends, then merges splits), PDL when enabled ---
   // (narrow and unit_rows_log2: worked out with the kv_cache checks above.)
+  const bool reread = rows_hint > (static_cast<int64_t>(p.num_ctas) << unit_rows_log2);
   const int id = wide_fp8 ? (q_fp8 ? kWideFp8Q : kWideFp8)
-                 : !narrow ? (use_tma ? kSeesaw : kAnyPage)
+                 : !narrow ? (use_tma ? (reread ? kSeesawReread : kSeesaw) : kAnyPage)
                          : (unit_rows_log2 == 4 ? kNarrow16 : kNarrow32) +
                                (kv_fp8 ? kNarrowFp8 + (use_tma ? 0 : kNarrowFp8Any) + (q_fp8 ? kNarrowFp8Q : 0) : 0);
   MLA_CHECK(!(unfit >> id & 1u), RuntimeError)

@@ -107,11 +107,14 @@ def tma_page_size(page_size: int) -> bool:
     return page_size % 64 == 0 or (page_size >= 8 and 64 % page_size == 0)
 
 
-def attention_kernel(page_size: int, rows_per_request: int = 64, fp8: bool = False, fp8_query: bool = False) -> str:
+def attention_kernel(page_size: int, rows_per_request: int = 64, fp8: bool = False, fp8_query: bool = False,
+                     ctas: int = 132) -> str:
     """The kernel a call launches (it plans, attends and merges splits): csrc/launcher.cu's rule.
     rows_per_request: q_len * H of a uniform call, max_q_len * H of a ragged one (0: max_q_len
     not given); fp8: a float8_e4m3fn cache; fp8_query: an e4m3 query too (implies fp8). An fp8
-    cache with more than 32 rows and TMA pages runs on the wide kernels, else the narrow ones."""
+    cache with more than 32 rows and TMA pages runs on the wide kernels, else the narrow ones.
+    ctas: the grid (the SMs, 132 on an H200); a bf16 request with more rows than ctas x 64 (a
+    chunked prefill) runs the seesaw's _reread twin."""
     fp8 = fp8 or fp8_query
     if fp8 and tma_page_size(page_size) and rows_per_request > 32:
         if fp8_query:
@@ -131,6 +134,8 @@ def attention_kernel(page_size: int, rows_per_request: int = 64, fp8: bool = Fal
     if narrow:
         return f"mla_sm90_attention_narrow{16 if 1 <= rows_per_request <= 16 else 32}{suffix}"
     if tma_page_size(page_size):
+        if rows_per_request > ctas * 64:
+            return "mla_sm90_attention_reread (TMA, KV at L2 normal priority)"
         return "mla_sm90_attention (TMA)"
     return "mla_sm90_attention_any_page (cp.async)"
 
@@ -177,7 +182,8 @@ def _next_call_report() -> str:
         f"with those pages; a float8_e4m3fn cache on the narrow kernels' _fp8 twins "
         f"(_fp8_any by cp.async for the other pages, more than 32 rows there as 32-row units; "
         f"_fp8q with an e4m3 query), and for more than 32 rows with TMA pages on "
-        f"mla_sm90_attention_wide_fp8 / _fp8q (64-row units); one "
+        f"mla_sm90_attention_wide_fp8 / _fp8q (64-row units); a bf16 request with more rows "
+        f"than the grid holds at once (chunked prefill) on mla_sm90_attention_reread; one "
         f"cooperative launch per call"
     )
     return "\n".join(lines)

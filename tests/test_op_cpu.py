@@ -365,6 +365,11 @@ def test_kernel_choice_follows_the_launchers_page_size_rule():
     assert cli.attention_kernel(64, 33) == "mla_sm90_attention (TMA)"
     assert cli.attention_kernel(64, 0) == "mla_sm90_attention (TMA)"  # ragged, no max_q_len
     assert cli.attention_kernel(24, 16) == "mla_sm90_attention_any_page (cp.async)"
+    # a request with more rows than the grid holds at once (chunked prefill): the _reread twin
+    assert cli.attention_kernel(64, 2048 * 128).startswith("mla_sm90_attention_reread (TMA")
+    assert cli.attention_kernel(64, 132 * 64) == "mla_sm90_attention (TMA)"
+    assert cli.attention_kernel(64, 3 * 128, ctas=5).startswith("mla_sm90_attention_reread (TMA")
+    assert cli.attention_kernel(24, 2048 * 128) == "mla_sm90_attention_any_page (cp.async)"
     assert cli.attention_kernel(64, 16, fp8=True).startswith("mla_sm90_attention_narrow16_fp8 ")
     assert cli.attention_kernel(16, 32, fp8=True).startswith("mla_sm90_attention_narrow32_fp8 ")
     assert cli.attention_kernel(24, 16, fp8=True).startswith("mla_sm90_attention_narrow16_fp8_any (cp.async")

@@ -46,7 +46,10 @@ extern "C" __global__ void mla_probe_dump() { jit_mla::probe_dump(); }
     attend_then_merge<__VA_ARGS__>(p);                                                      \
   }
 
-MLA_ATTENTION_KERNEL(mla_sm90_attention, jit_mla::sm90::attention_seesaw)
+MLA_ATTENTION_KERNEL(mla_sm90_attention, jit_mla::sm90::attention_seesaw<false>)
+// The same for a request with more rows than the grid holds at once (chunked prefill): its KV at
+// L2's normal priority, since later units read it again.
+MLA_ATTENTION_KERNEL(mla_sm90_attention_reread, jit_mla::sm90::attention_seesaw<true>)
 MLA_ATTENTION_KERNEL(mla_sm90_attention_any_page, jit_mla::sm90::attention_any_page)
 MLA_ATTENTION_KERNEL(mla_sm90_attention_narrow16, jit_mla::sm90::attention_narrow<16>)
 MLA_ATTENTION_KERNEL(mla_sm90_attention_narrow32, jit_mla::sm90::attention_narrow<32>)

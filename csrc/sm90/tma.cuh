@@ -56,4 +56,11 @@ __device__ __forceinline__ uint64_t createpolicy_evict_first() {
   return policy;
 }
 
+// An L2 policy of normal priority: lines that other CTAs read again later in the call.
+__device__ __forceinline__ uint64_t createpolicy_evict_normal() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
+}
+
 }  // namespace jit_mla::sm90
