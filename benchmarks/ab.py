@@ -4,6 +4,10 @@ Here (needs nvcc, no GPU), once per variant: a copy of HEAD with the patches app
 cubins built, under .ab/<name>/ (git-ignored: name `.ab` in the device tool's `carry`):
 
     python benchmarks/ab.py prepare NAME docs/experiments/NAME.patch
+    python benchmarks/ab.py pack     # optional: every prepared tree into .ab/variants.tar.xz
+
+The device tool carries at most 64 MiB (the checkout, .gpu-wheels and .ab together) and each
+tree holds a ~12 MB cubin: `pack` compresses them ~8x (one xz archive; `run` unpacks it there).
 
 On the H200 (after `source .gpu-wheels/activate.sh`), main (this checkout) and each variant in
 turn, `--rounds` times, with `bench_mla.py --quick --no-flashinfer --assume-ceilings`; then a
@@ -48,7 +52,31 @@ def prepare(name: str, patches: list[str]) -> Path:
             subprocess.run(["patch", "-p1", "--quiet"], cwd=dest, stdin=f, check=True)
     env = dict(os.environ, PYTHONPATH=str(dest))
     subprocess.run([sys.executable, "-m", "jit_mla", "build", "--cubins"], cwd=dest, env=env, check=True)
+    for unused in ("benchmarks/results", "docs"):  # not run; only weight in the device tool's carry
+        shutil.rmtree(dest / unused, ignore_errors=True)
     return dest
+
+
+ARCHIVE = "variants.tar.xz"
+
+
+def pack() -> Path:
+    """Every prepared tree under .ab/ into .ab/variants.tar.xz (the trees removed)."""
+    names = sorted(d.name for d in AB_DIR.iterdir() if d.is_dir()) if AB_DIR.is_dir() else []
+    if not names:
+        raise SystemExit(f"no prepared variants under {AB_DIR}: `python benchmarks/ab.py prepare NAME PATCH` first")
+    archive = AB_DIR / ARCHIVE
+    subprocess.run(["tar", "cJf", str(archive), *names], cwd=AB_DIR, check=True)
+    for name in names:
+        shutil.rmtree(AB_DIR / name)
+    return archive
+
+
+def unpack_if_packed(variants: list[str]) -> None:
+    """Unpack .ab/variants.tar.xz when a named variant's tree is not there (the device host)."""
+    archive = AB_DIR / ARCHIVE
+    if archive.is_file() and any(not (AB_DIR / v).is_dir() for v in variants):
+        subprocess.run(["tar", "xJf", str(archive)], cwd=AB_DIR, check=True)
 
 
 def _env(tree: Path, cache: str) -> dict:
@@ -83,6 +111,7 @@ def summarize(times: dict[str, list[dict[str, float]]]) -> list[str]:
 
 
 def run(variants: list[str], shapes: str, rounds: int, suite: bool) -> None:
+    unpack_if_packed(variants)
     trees = {"main": ROOT, **{v: AB_DIR / v for v in variants}}
     for v, tree in trees.items():
         if not (tree / "cubins").is_dir():
@@ -113,6 +142,7 @@ def main() -> None:
     p = sub.add_parser("prepare", help="here: .ab/NAME = HEAD + patches, cubins built")
     p.add_argument("name")
     p.add_argument("patches", nargs="*")
+    sub.add_parser("pack", help=f"here: every prepared tree into .ab/{ARCHIVE} (the device tool's 64 MiB)")
     r = sub.add_parser("run", help="on the GPU: main and the variants, interleaved")
     r.add_argument("variants", nargs="+")
     r.add_argument("--shapes", default="", help="bench_mla.py --shapes (default: all)")
@@ -121,6 +151,9 @@ def main() -> None:
     args = ap.parse_args()
     if args.cmd == "prepare":
         print(prepare(args.name, args.patches))
+    elif args.cmd == "pack":
+        archive = pack()
+        print(f"{archive} ({archive.stat().st_size / 2**20:.1f} MiB)")
     else:
         run(args.variants, args.shapes, args.rounds, args.suite)
 

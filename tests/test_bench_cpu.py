@@ -245,10 +245,28 @@ def test_ab_script_without_a_gpu(monkeypatch):
     assert lines[3] == "| s1 | 20.0 | 22.5 | 1.125 |"
     with pytest.raises(SystemExit, match="not a prepared variant"):
         ab.run(["no-such-variant"], "", 1, False)
-    for cmd in ("prepare", "run"):
+    for cmd in ("prepare", "pack", "run"):
         r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "ab.py"), cmd, "--help"],
                            capture_output=True, text=True, timeout=60)
         assert r.returncode == 0 and "usage" in r.stdout, r.stderr
+
+
+def test_ab_pack_round_trip(tmp_path, monkeypatch):
+    """ab.py pack / unpack: the prepared trees into one archive and back, as the device host
+    unpacks it before a run."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    ab = _load("ab")
+    monkeypatch.setattr(ab, "AB_DIR", tmp_path)
+    with pytest.raises(SystemExit, match="no prepared variants"):
+        ab.pack()
+    for name in ("a", "b"):
+        (tmp_path / name / "cubins").mkdir(parents=True)
+        (tmp_path / name / "cubins" / "k.cubin").write_bytes(name.encode() * 1000)
+    archive = ab.pack()
+    assert archive == tmp_path / "variants.tar.xz" and archive.is_file()
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    ab.unpack_if_packed(["a"])
+    assert (tmp_path / "b" / "cubins" / "k.cubin").read_bytes() == b"b" * 1000
 
 
 def test_validate_script_parses():
