@@ -61,11 +61,18 @@ ARCHIVE = "variants.tar.xz"
 
 
 def pack() -> Path:
-    """Every prepared tree under .ab/ into .ab/variants.tar.xz (the trees removed)."""
+    """Every prepared tree under .ab/ into .ab/variants.tar.xz (the trees removed). Trees packed
+    before and not prepared again since stay in it (a tree prepared again replaces its copy)."""
+    archive = AB_DIR / ARCHIVE
+    if archive.is_file():
+        with tempfile.TemporaryDirectory(dir=AB_DIR) as old:
+            subprocess.run(["tar", "xJf", str(archive)], cwd=old, check=True)
+            for tree in Path(old).iterdir():
+                if not (AB_DIR / tree.name).exists():
+                    tree.rename(AB_DIR / tree.name)
     names = sorted(d.name for d in AB_DIR.iterdir() if d.is_dir()) if AB_DIR.is_dir() else []
     if not names:
         raise SystemExit(f"no prepared variants under {AB_DIR}: `python benchmarks/ab.py prepare NAME PATCH` first")
-    archive = AB_DIR / ARCHIVE
     subprocess.run(["tar", "cJf", str(archive), *names], cwd=AB_DIR, check=True)
     for name in names:
         shutil.rmtree(AB_DIR / name)

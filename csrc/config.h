@@ -38,4 +38,9 @@ constexpr int kPieceStartExtraBlocks = 1;  // a unit start's measured cost beyon
 constexpr int kSlotsPerCta = 2;  // a CTA's range splits at most its first and its last unit
 constexpr int kMaxCtas = 1024;   // the combine keeps one slot and one weight per split in smem
 
+// mbarrier.try_wait's suspend-time hint, ns (CUTLASS's value, 10 ms): a waiting warp may sleep
+// until the phase completes or the hint runs out instead of spinning on issue slots the other
+// warpgroup's softmax wants (measured: fp8 rows 0.6-1.5% faster, the rest within noise).
+constexpr unsigned kWaitSuspendHintNs = 10000000;
+
 }  // namespace jit_mla

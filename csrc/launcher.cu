@@ -606,7 +606,9 @@ void run_attention(TensorView out, Optional<TensorView> lse, TensorView query, T
   //   (64-row units, transposed tiles; e4m3 or bf16 query).
   // - fp8 otherwise: the narrow kernels (cp.async where TMA does not fit); a request of more than
   //   32 rows with other page sizes as several 32-row units side by side.
-  const int64_t rows_hint = (cum_seq_lens_q.has_value() ? max_q_len : q_len) * num_heads;
+  // (max_q_len is clamped to total_q, which no request exceeds, so the product stays below 2^31.)
+  const int64_t rows_hint =
+      (cum_seq_lens_q.has_value() ? std::min<int64_t>(max_q_len, total_q) : q_len) * num_heads;
   const bool use_tma = tma_page_size(page_size);
   const bool wide_fp8 = kv_fp8 && use_tma && rows_hint > 32;
   const bool narrow = !wide_fp8 && (kv_fp8 || (use_tma && rows_hint >= 1 && rows_hint <= 32));

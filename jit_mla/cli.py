@@ -183,7 +183,8 @@ def _next_call_report() -> str:
         f"(_fp8_any by cp.async for the other pages, more than 32 rows there as 32-row units; "
         f"_fp8q with an e4m3 query), and for more than 32 rows with TMA pages on "
         f"mla_sm90_attention_wide_fp8 / _fp8q (64-row units); a bf16 request with more rows "
-        f"than the grid holds at once (chunked prefill) on mla_sm90_attention_reread; one "
+        f"than the grid holds at once (chunked prefill) with TMA pages on "
+        f"mla_sm90_attention_reread; one "
         f"cooperative launch per call"
     )
     return "\n".join(lines)

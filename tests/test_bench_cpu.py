@@ -265,8 +265,16 @@ def test_ab_pack_round_trip(tmp_path, monkeypatch):
     archive = ab.pack()
     assert archive == tmp_path / "variants.tar.xz" and archive.is_file()
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    # a tree prepared after a pack joins the archive; a re-prepared one replaces its old copy
+    (tmp_path / "a" / "cubins").mkdir(parents=True)
+    (tmp_path / "a" / "cubins" / "new.cubin").write_bytes(b"A" * 1000)
+    (tmp_path / "c").mkdir()
+    ab.pack()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["variants.tar.xz"]
     ab.unpack_if_packed(["a"])
+    assert [p.name for p in (tmp_path / "a" / "cubins").iterdir()] == ["new.cubin"]
     assert (tmp_path / "b" / "cubins" / "k.cubin").read_bytes() == b"b" * 1000
+    assert (tmp_path / "c").is_dir()
 
 
 def test_validate_script_parses():

@@ -124,8 +124,8 @@ __device__ __forceinline__ void issue_kv_half(const MlaParams& p, uint32_t stage
   if (c >= 0 && c < (kBlockN >> (31 - __clz(p.kv_box_rows)))) {
     const int r0 = c * p.kv_box_rows;
     const int row = page_row(block * kBlockN + r0, p.page_size);
-    // KV is read by the (at most two) CTAs of a group close together in time and, but for
-    // kReread, never again in this call: evict-first keeps Q, the block tables and the partner's
+    // KV is read by the m_group CTAs of a set close together in time and, but for kReread,
+    // never again in this call: evict-first keeps Q, the block tables and the partner's
     // lines in L2 (measured: B64 kv8192 H16 202 -> 191 µs, B8 kv4096 H128 52 -> 49 µs).
     const uint64_t policy = kReread ? createpolicy_evict_normal() : createpolicy_evict_first();
     for (int bx = box0; bx < box0 + nbox; ++bx)
@@ -577,9 +577,11 @@ __device__ void attention_seesaw(const MlaParams& p) {
       pairs += 1;
     };
     // Pairs (kb, kb + 1) with kb + 3 < kb1 and (kb + 2) * 64 <= the unit's smallest row limit
-    // (its first row's: a later token sees more) run steady; the rest as before.
+    // (its first row's: a later token sees more; padding rows get the last row's) run steady;
+    // the rest as before. Row limits never exceed kv_len (row_kv_limit clamps), so a steady
+    // pair has no V tail to zero either.
     const int lim_min = row_kv_limit(kv_len, unit.q_len, unit.row0 / p.num_heads);
-    const int steady_end = min(kb1 - 3, lim_min / kBlockN - 1);  // the first kb that is not steady
+    const int steady_end = min(kb1 - 3, lim_min / kBlockN - 1);  // steady: kb < steady_end
     int kb = kb0;
     for (; kb < steady_end; kb += 2) run_pair(kb, std::true_type{});
     for (; kb < kb1; kb += 2) run_pair(kb, std::false_type{});

@@ -131,8 +131,9 @@ __device__ __forceinline__ void store_unit_result(const MlaParams& p, const Unit
   float f_a = na.f, f_b = nb.f;
   const bool ok_a = r_a < u.rows, ok_b = r_b < u.rows;
 
-  // The rows' destinations: the split's partial rows (bf16, partial_row) and its LSE, or the
-  // output rows, scaled by finalize_row (sinks), and the call's LSE.
+  // The rows' destinations (512 bf16 each): the split's partial rows (partial_row: the first
+  // half of slot's [64, 512] fp32, as bf16) and its LSE, or the output rows (out: [total_q * H,
+  // 512] bf16), scaled by finalize_row (sinks), and the call's LSE.
   __nv_bfloat16 *dst_a, *dst_b;
   if (w.split) {
     dst_a = partial_row(p, slot, r_a);
@@ -158,7 +159,8 @@ __device__ __forceinline__ void store_unit_result(const MlaParams& p, const Unit
   // column octet t (even q4) or t + 1 (odd q4): a warp's store then fills whole 32-byte sectors
   // (8 rows x octets t, t + 1), not halves (as 4-byte stores would).
   const bool odd = q4 & 1;
-  const int c_even = wg * kOCols + 2 * (q4 & 2) + (odd ? 8 : 0);  // this lane's column, less 8 t
+  // This lane's first column, less 8 t: octet t's (even q4) or octet t + 1's (odd q4).
+  const int col0 = wg * kOCols + 2 * (q4 & 2) + (odd ? 8 : 0);
 #pragma unroll
   for (int t = 0; t < kOCols / 8; t += 2) {
     const uint32_t a0 = pack_bf16x2(o[4 * t + 0] * f_a, o[4 * t + 1] * f_a);
@@ -167,8 +169,8 @@ __device__ __forceinline__ void store_unit_result(const MlaParams& p, const Unit
     const uint32_t b1 = pack_bf16x2(o[4 * t + 6] * f_b, o[4 * t + 7] * f_b);
     const uint32_t ra = __shfl_xor_sync(0xffffffffu, odd ? a0 : a1, 1);
     const uint32_t rb = __shfl_xor_sync(0xffffffffu, odd ? b0 : b1, 1);
-    if (ok_a) *reinterpret_cast<uint2*>(dst_a + c_even + 8 * t) = odd ? make_uint2(ra, a1) : make_uint2(a0, ra);
-    if (ok_b) *reinterpret_cast<uint2*>(dst_b + c_even + 8 * t) = odd ? make_uint2(rb, b1) : make_uint2(b0, rb);
+    if (ok_a) *reinterpret_cast<uint2*>(dst_a + col0 + 8 * t) = odd ? make_uint2(ra, a1) : make_uint2(a0, ra);
+    if (ok_b) *reinterpret_cast<uint2*>(dst_b + col0 + 8 * t) = odd ? make_uint2(rb, b1) : make_uint2(b0, rb);
   }
 }
 

@@ -2,6 +2,8 @@
 #pragma once
 #include <cstdint>
 
+#include "../config.h"
+
 namespace jit_mla::sm90 {
 
 __device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
@@ -24,7 +26,8 @@ __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
 
-// Spin until the phase with parity `parity` has completed (acquire: the TMA's writes are visible).
+// Wait until the phase with parity `parity` has completed (acquire: the TMA's writes are
+// visible); between tries the warp may be suspended for up to kWaitSuspendHintNs.
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
   asm volatile(
       "{\n"
@@ -33,7 +36,7 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
       "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1, %2;\n"
       "@!done bra WAIT_%=;\n"
       "}\n" ::"r"(bar),
-      "r"(parity), "r"(0x989680)
+      "r"(parity), "r"(kWaitSuspendHintNs)
       : "memory");
 }
 
