@@ -328,6 +328,211 @@ __device__ void attention_wide_fp8(const MlaParams& p) {
                                         desc_add(h ? dq : dql, b * kFp8BoxBytes + kFp8KStepBytes * u), 1);
       wgmma_commit();
     };
+    // One block pair (k0, k0 + 1) of the chain ending at c1, one block per warpgroup. kSteady: both
+    // blocks exist and lie below every row's limit (no mask; limits never exceed kv_len, so no
+    // V tail either): its own instantiation without those branches, as the seesaw's steady pair.
+    auto run_pair = [&](const int k0, const int c1, auto steady) {
+      const int kb = k0 + wg;
+      constexpr bool kSteady = decltype(steady)::value;
+      const bool has = kSteady || kb < kb1;        // this warpgroup's block
+      const bool has1 = kSteady || k0 + 1 < kb1;  // warpgroup 1's
+      const uint32_t mine = wg == 0 ? loads0 : loads1;
+      const int stage = 2 * wg + (mine & 1);
+      const int stage0 = loads0 & 1, stage1 = 2 + (loads1 & 1);
+      const bool refill = kb + 4 < kb1;
+      const int refill_page = tw < 32 && refill ? block_pages(p, bt_row, kb + 4, kv_len) : p.num_pages;
+      tl_mark(kTlNBlockStart, mine);
+
+      // ---- mask, column maxima over the block's tokens in the log2 domain ----------------------
+      // S^T stays unscaled (P's FFMA applies ps) unless ps is 1 for a zero, negative or NaN
+      // scale (then scaled here: p_exp_scale).
+      float cm[16];
+      if (has) {
+        const int tok_a = kb * kBlockN + r_a, tok_b = kb * kBlockN + r_b;
+        const bool masked = !kSteady && (kb + 1) * kBlockN > lim_min;  // warpgroup-uniform
+        if constexpr (kQ8) {
+          if (ps != scale_log2) {
+#pragma unroll
+            for (int j = 0; j < 32; ++j) st[j] *= scale_log2;
+          }
+        } else if (pre != 0) {
+#pragma unroll
+          for (int t = 0; t < 8; ++t)
+#pragma unroll
+            for (int e = 0; e < 2; ++e)
+              if ((pre >> (2 * t + e)) & 1u) {
+                const float f = ss.rsc[8 * t + 2 * q4 + e];
+                st[4 * t + e] *= f;
+                st[4 * t + 2 + e] *= f;
+              }
+        }
+#pragma unroll
+        for (int t = 0; t < 8; ++t)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float& xa = st[4 * t + e];
+            float& xb = st[4 * t + 2 + e];
+            if (masked) {
+              const int lim = unit_row_limit(p, unit, 8 * t + 2 * q4 + e);
+              xa = tok_a < lim ? xa : -INFINITY;
+              xb = tok_b < lim ? xb : -INFINITY;
+            }
+            cm[2 * t + e] = fmaxf(xa, xb);
+          }
+        float part[2];
+        reduce_scatter16(cm, part, FMax{});
+        float2 psr = make_float2(ps, ps);  // the scattered columns' P scales
+        if constexpr (!kQ8) psr = *reinterpret_cast<const float2*>(&ss.psc[8 * r8 + 2 * q4]);
+        *reinterpret_cast<float2*>(&ss.colmax[wg][warp][8 * r8 + 2 * q4]) =
+            make_float2(part[0] * psr.x, part[1] * psr.y);
+      } else {
+        *reinterpret_cast<float2*>(&ss.colmax[wg][warp][8 * r8 + 2 * q4]) = make_float2(-INFINITY, -INFINITY);
+      }
+      __syncthreads();  // B1: both warpgroups' column maxima
+      tl_mark(kTlNMaxShared, mine);
+
+      // ---- the pair's running max (same in both warpgroups), P into sP, O^T and sums rescaled --
+      float mn2[2], sc2[2];
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int c = 8 * r8 + 2 * q4 + e;
+        float bm = ss.colmax[0][0][c];
+#pragma unroll
+        for (int x = 1; x < 8; ++x) bm = fmaxf(bm, ss.colmax[x / 4][x % 4][c]);
+        mn2[e] = bm > m_run[e] + kWLazyMax ? bm : m_run[e];
+        sc2[e] = exp2_approx(m_run[e] - mn2[e]);
+        m_run[e] = mn2[e];
+      }
+      // P = 2^(s ps - m + kPShift) = 2^fma(s, ps, nb): the bias per row, gathered.
+      const float nb2[2] = {kPShift - mn2[0], kPShift - mn2[1]};
+      float nb[16], sc[16];
+      all_gather16(nb2, nb);
+      if (__any_sync(0xffffffffu, sc2[0] != 1.f || sc2[1] != 1.f)) {
+        all_gather16(sc2, sc);
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+          for (int t = 0; t < 8; ++t)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[i][4 * t + e] *= sc[2 * t + (e & 1)];
+#pragma unroll
+        for (int j = 0; j < 16; ++j) l_run[j] *= sc[j];
+      }
+      if (has) {
+        // P (kQ8), or P hi into box 8 of the block's stage (its QK^T is done) and P lo.
+        uint8_t* pbuf;
+        if constexpr (kQ8) {
+          pbuf = ss.p[wg];
+        } else {
+          pbuf = ss.kv[stage] + (kNumBoxesQK - 1) * kFp8BoxBytes;
+        }
+#pragma unroll
+        for (int t = 0; t < 8; ++t) {
+          float2 pst = make_float2(ps, ps);  // columns 8 t + 2 q4 + {0, 1}: P's scales
+          if constexpr (!kQ8) pst = *reinterpret_cast<const float2*>(&ss.psc[8 * t + 2 * q4]);
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int c = 8 * t + 2 * q4 + e;
+            const float pse = e == 0 ? pst.x : pst.y;
+            const float pa = exp2_approx(fmaf(st[4 * t + e], pse, nb[2 * t + e]));
+            const float pb = exp2_approx(fmaf(st[4 * t + 2 + e], pse, nb[2 * t + e]));
+            l_run[2 * t + e] += pa + pb;  // from P before rounding
+            // Tokens r_a, r_b at positions 16 warp + 2 r8 + {0, 1} (narrow fp8 header).
+            const uint32_t hi = f32x2_to_e4m3x2(pa, pb);
+            *reinterpret_cast<uint16_t*>(pbuf + sw64(c, warp) + 2 * r8) = (uint16_t)hi;
+            if constexpr (!kQ8) {  // P lo: the rounding error of hi, same scale (4 + 4 significant bits)
+              const float2 h = e4m3x2_to_f32x2(hi);
+              *reinterpret_cast<uint16_t*>(ss.plo[wg] + sw64(c, warp) + 2 * r8) =
+                  (uint16_t)f32x2_to_e4m3x2(pa - h.x, pb - h.y);
+            }
+          }
+        }
+        // Token rows past kv_len hold anything (NaN included) and P = 0 does not cancel 0 * NaN:
+        // the last block's V bytes there are zeroed (QK^T is done with the stage).
+        if (!kSteady && (kb + 1) * kBlockN > kv_len) zero_v_rows_fp8(ss.kv[stage], kv_len - kb * kBlockN, tw);
+      }
+      fence_proxy_async_smem();
+      __syncthreads();  // B2: both blocks' P and zeroed tails; colmax read by every warp
+      tl_mark(kTlNPShared, mine);
+
+      // ---- O^T += V^T P^T over both blocks of the pair; then the next pair's QK^T --------------
+      // The partner's block is read without waiting on its TMA barriers: its owner waited for
+      // them before QK^T, and the CTA barriers since make the data visible here. Keep a CTA
+      // barrier between the owner's wait and this PV in any reordering.
+#pragma unroll
+      for (int blk = 0; blk < 2; ++blk) {
+        if (blk == 1 && !has1) break;
+        const uint32_t vbase = smem_u32(ss.kv[blk == 0 ? stage0 : stage1]);
+        const uint64_t dp = blk == 0 ? dp0 : dp1;  // P (kQ8) or P lo
+        // !kQ8: P hi in the stage's box 8.
+        const uint64_t dph = kQ8 ? 0 : make_smem_desc_sw64(vbase + (kNumBoxesQK - 1) * kFp8BoxBytes);
+#pragma unroll
+        for (int s = 0; s < 2; ++s)
+#pragma unroll
+          for (int g = 0; g < kG; ++g) {
+            if (2 * kG * blk + kG * s + g >= 2) wgmma_wait<1>();
+            uint32_t a[kTiles][4];
+#pragma unroll
+            for (int x = 0; x < kTiles; ++x) {
+              v_fragment(vbase + voff[kTiles * g + x] + s * 32 * kBoxCols, a[x]);
+            }
+            wgmma_fence();
+            if constexpr (!kQ8) {
+#pragma unroll
+              for (int x = 0; x < kTiles; ++x)
+                WgmmaRsE4m3<kBlockM>::mma(acc[kTiles * g + x], a[x], desc_add(dph, s * kFp8KStepBytes));
+            }
+#pragma unroll
+            for (int x = 0; x < kTiles; ++x)
+              WgmmaRsE4m3<kBlockM>::mma(acc[kTiles * g + x], a[x], desc_add(dp, s * kFp8KStepBytes));
+            wgmma_commit();
+          }
+      }
+      // kQ8: PV reads the stages only by ldmatrix (P comes from sP): once issued, this thread is
+      // done with both blocks. The owner's warp 0 refills its stage when all 256 threads are.
+      // A bf16 query's P hi is in the stages: they are free when this thread's PV has retired.
+      auto release_stages = [&] {
+        mbar_arrive(smem_u32(&ss.vfree[stage0]));
+        if (has1) mbar_arrive(smem_u32(&ss.vfree[stage1]));
+      };
+      if constexpr (kQ8) release_stages();
+      tl_mark(kTlNPvIssued, mine);
+      // The next pair's QK^T goes behind this PV, within the chain.
+      const bool next = kb + 2 < c1;
+      // The two paths each end with every wgmma retired: merged while this warpgroup's QK^T was
+      // in flight, ptxas serialized the wgmmas (C7515: the other path's softmax defines S^T).
+      // Every phase of vfree is waited for (a refill or not), so its phase stays the stage's use count.
+      // Warp 0: once both warpgroups are done reading this warpgroup's stage, block kb + 4 into it.
+      auto refill_stage = [&] {
+        mbar_wait(smem_u32(&ss.vfree[stage]), (mine >> 1) & 1);
+        if (refill) issue_kv_fp8(p, smem_u32(ss.kv[stage]), smem_u32(&ss.bar[stage][0]), kb + 4, refill_page);
+      };
+      if (next) {
+        const uint32_t nl = mine + 1;
+        issue_qk(2 * wg + (nl & 1), (nl >> 1) & 1);
+        if constexpr (!kQ8) {
+          // The PV groups: issue_qk commits exactly one group, the newest. If QK^T ever commits
+          // more, this count must follow, or a PV wgmma could still read P hi in a released stage.
+          wgmma_wait<1>();
+          release_stages();
+        }
+        if (tw < 32) refill_stage();
+        wgmma_wait<0>();
+      } else {  // a refill only at a chain's end (else it would be block kb + 4 > kb + 2)
+        if constexpr (!kQ8) {
+          wgmma_wait<0>();
+          release_stages();
+        }
+        if (tw < 32 && has) refill_stage();
+        wgmma_wait<0>();
+      }
+      tl_mark(kTlNPvDone, mine);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) fence_regs(acc[i]);
+      fence_regs(st);
+      loads0 += 1;
+      loads1 += has1 ? 1 : 0;
+    };
     // The unit's blocks in chains of kPromoteBlocks (fp8 wgmma accumulation, attention_narrow_fp8.cuh),
     // O^T promoted between two: outside the pair loop, with S^T dead, so the loop's registers and
     // code are those without promotion. Each chain starts with its first QK^T, as the unit does.
@@ -339,206 +544,11 @@ __device__ void attention_wide_fp8(const MlaParams& p) {
         wgmma_wait<0>();
         fence_regs(st);
       }
-      for (int k0 = c0; k0 < c1; k0 += 2) {
-        const int kb = k0 + wg;
-        const bool has = kb < kb1, has1 = k0 + 1 < kb1;  // this warpgroup's block; warpgroup 1's
-        const uint32_t mine = wg == 0 ? loads0 : loads1;
-        const int stage = 2 * wg + (mine & 1);
-        const int stage0 = loads0 & 1, stage1 = 2 + (loads1 & 1);
-        const bool refill = kb + 4 < kb1;
-        const int refill_page = tw < 32 && refill ? block_pages(p, bt_row, kb + 4, kv_len) : p.num_pages;
-        tl_mark(kTlNBlockStart, mine);
-
-        // ---- mask, column maxima over the block's tokens in the log2 domain ----------------------
-        // S^T stays unscaled (P's FFMA applies ps) unless ps is 1 for a zero, negative or NaN
-        // scale (then scaled here: p_exp_scale).
-        float cm[16];
-        if (has) {
-          const int tok_a = kb * kBlockN + r_a, tok_b = kb * kBlockN + r_b;
-          const bool masked = (kb + 1) * kBlockN > lim_min;  // warpgroup-uniform
-          if constexpr (kQ8) {
-            if (ps != scale_log2) {
-#pragma unroll
-              for (int j = 0; j < 32; ++j) st[j] *= scale_log2;
-            }
-          } else if (pre != 0) {
-#pragma unroll
-            for (int t = 0; t < 8; ++t)
-#pragma unroll
-              for (int e = 0; e < 2; ++e)
-                if ((pre >> (2 * t + e)) & 1u) {
-                  const float f = ss.rsc[8 * t + 2 * q4 + e];
-                  st[4 * t + e] *= f;
-                  st[4 * t + 2 + e] *= f;
-                }
-          }
-#pragma unroll
-          for (int t = 0; t < 8; ++t)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              float& xa = st[4 * t + e];
-              float& xb = st[4 * t + 2 + e];
-              if (masked) {
-                const int lim = unit_row_limit(p, unit, 8 * t + 2 * q4 + e);
-                xa = tok_a < lim ? xa : -INFINITY;
-                xb = tok_b < lim ? xb : -INFINITY;
-              }
-              cm[2 * t + e] = fmaxf(xa, xb);
-            }
-          float part[2];
-          reduce_scatter16(cm, part, FMax{});
-          float2 psr = make_float2(ps, ps);  // the scattered columns' P scales
-          if constexpr (!kQ8) psr = *reinterpret_cast<const float2*>(&ss.psc[8 * r8 + 2 * q4]);
-          *reinterpret_cast<float2*>(&ss.colmax[wg][warp][8 * r8 + 2 * q4]) =
-              make_float2(part[0] * psr.x, part[1] * psr.y);
-        } else {
-          *reinterpret_cast<float2*>(&ss.colmax[wg][warp][8 * r8 + 2 * q4]) = make_float2(-INFINITY, -INFINITY);
-        }
-        __syncthreads();  // B1: both warpgroups' column maxima
-        tl_mark(kTlNMaxShared, mine);
-
-        // ---- the pair's running max (same in both warpgroups), P into sP, O^T and sums rescaled --
-        float mn2[2], sc2[2];
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int c = 8 * r8 + 2 * q4 + e;
-          float bm = ss.colmax[0][0][c];
-#pragma unroll
-          for (int x = 1; x < 8; ++x) bm = fmaxf(bm, ss.colmax[x / 4][x % 4][c]);
-          mn2[e] = bm > m_run[e] + kWLazyMax ? bm : m_run[e];
-          sc2[e] = exp2_approx(m_run[e] - mn2[e]);
-          m_run[e] = mn2[e];
-        }
-        // P = 2^(s ps - m + kPShift) = 2^fma(s, ps, nb): the bias per row, gathered.
-        const float nb2[2] = {kPShift - mn2[0], kPShift - mn2[1]};
-        float nb[16], sc[16];
-        all_gather16(nb2, nb);
-        if (__any_sync(0xffffffffu, sc2[0] != 1.f || sc2[1] != 1.f)) {
-          all_gather16(sc2, sc);
-#pragma unroll
-          for (int i = 0; i < 4; ++i)
-#pragma unroll
-            for (int t = 0; t < 8; ++t)
-#pragma unroll
-              for (int e = 0; e < 4; ++e) acc[i][4 * t + e] *= sc[2 * t + (e & 1)];
-#pragma unroll
-          for (int j = 0; j < 16; ++j) l_run[j] *= sc[j];
-        }
-        if (has) {
-          // P (kQ8), or P hi into box 8 of the block's stage (its QK^T is done) and P lo.
-          uint8_t* pbuf;
-          if constexpr (kQ8) {
-            pbuf = ss.p[wg];
-          } else {
-            pbuf = ss.kv[stage] + (kNumBoxesQK - 1) * kFp8BoxBytes;
-          }
-#pragma unroll
-          for (int t = 0; t < 8; ++t) {
-            float2 pst = make_float2(ps, ps);  // columns 8 t + 2 q4 + {0, 1}: P's scales
-            if constexpr (!kQ8) pst = *reinterpret_cast<const float2*>(&ss.psc[8 * t + 2 * q4]);
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const int c = 8 * t + 2 * q4 + e;
-              const float pse = e == 0 ? pst.x : pst.y;
-              const float pa = exp2_approx(fmaf(st[4 * t + e], pse, nb[2 * t + e]));
-              const float pb = exp2_approx(fmaf(st[4 * t + 2 + e], pse, nb[2 * t + e]));
-              l_run[2 * t + e] += pa + pb;  // from P before rounding
-              // Tokens r_a, r_b at positions 16 warp + 2 r8 + {0, 1} (narrow fp8 header).
-              const uint32_t hi = f32x2_to_e4m3x2(pa, pb);
-              *reinterpret_cast<uint16_t*>(pbuf + sw64(c, warp) + 2 * r8) = (uint16_t)hi;
-              if constexpr (!kQ8) {  // P lo: the rounding error of hi, same scale (4 + 4 significant bits)
-                const float2 h = e4m3x2_to_f32x2(hi);
-                *reinterpret_cast<uint16_t*>(ss.plo[wg] + sw64(c, warp) + 2 * r8) =
-                    (uint16_t)f32x2_to_e4m3x2(pa - h.x, pb - h.y);
-              }
-            }
-          }
-          // Token rows past kv_len hold anything (NaN included) and P = 0 does not cancel 0 * NaN:
-          // the last block's V bytes there are zeroed (QK^T is done with the stage).
-          if ((kb + 1) * kBlockN > kv_len) zero_v_rows_fp8(ss.kv[stage], kv_len - kb * kBlockN, tw);
-        }
-        fence_proxy_async_smem();
-        __syncthreads();  // B2: both blocks' P and zeroed tails; colmax read by every warp
-        tl_mark(kTlNPShared, mine);
-
-        // ---- O^T += V^T P^T over both blocks of the pair; then the next pair's QK^T --------------
-        // The partner's block is read without waiting on its TMA barriers: its owner waited for
-        // them before QK^T, and the CTA barriers since make the data visible here. Keep a CTA
-        // barrier between the owner's wait and this PV in any reordering.
-#pragma unroll
-        for (int blk = 0; blk < 2; ++blk) {
-          if (blk == 1 && !has1) break;
-          const uint32_t vbase = smem_u32(ss.kv[blk == 0 ? stage0 : stage1]);
-          const uint64_t dp = blk == 0 ? dp0 : dp1;  // P (kQ8) or P lo
-          // !kQ8: P hi in the stage's box 8.
-          const uint64_t dph = kQ8 ? 0 : make_smem_desc_sw64(vbase + (kNumBoxesQK - 1) * kFp8BoxBytes);
-#pragma unroll
-          for (int s = 0; s < 2; ++s)
-#pragma unroll
-            for (int g = 0; g < kG; ++g) {
-              if (2 * kG * blk + kG * s + g >= 2) wgmma_wait<1>();
-              uint32_t a[kTiles][4];
-#pragma unroll
-              for (int x = 0; x < kTiles; ++x) {
-                v_fragment(vbase + voff[kTiles * g + x] + s * 32 * kBoxCols, a[x]);
-              }
-              wgmma_fence();
-              if constexpr (!kQ8) {
-#pragma unroll
-                for (int x = 0; x < kTiles; ++x)
-                  WgmmaRsE4m3<kBlockM>::mma(acc[kTiles * g + x], a[x], desc_add(dph, s * kFp8KStepBytes));
-              }
-#pragma unroll
-              for (int x = 0; x < kTiles; ++x)
-                WgmmaRsE4m3<kBlockM>::mma(acc[kTiles * g + x], a[x], desc_add(dp, s * kFp8KStepBytes));
-              wgmma_commit();
-            }
-        }
-        // kQ8: PV reads the stages only by ldmatrix (P comes from sP): once issued, this thread is
-        // done with both blocks. The owner's warp 0 refills its stage when all 256 threads are.
-        // A bf16 query's P hi is in the stages: they are free when this thread's PV has retired.
-        auto release_stages = [&] {
-          mbar_arrive(smem_u32(&ss.vfree[stage0]));
-          if (has1) mbar_arrive(smem_u32(&ss.vfree[stage1]));
-        };
-        if constexpr (kQ8) release_stages();
-        tl_mark(kTlNPvIssued, mine);
-        // The next pair's QK^T goes behind this PV, within the chain.
-        const bool next = kb + 2 < c1;
-        // The two paths each end with every wgmma retired: merged while this warpgroup's QK^T was
-        // in flight, ptxas serialized the wgmmas (C7515: the other path's softmax defines S^T).
-        // Every phase of vfree is waited for (a refill or not), so its phase stays the stage's use count.
-        // Warp 0: once both warpgroups are done reading this warpgroup's stage, block kb + 4 into it.
-        auto refill_stage = [&] {
-          mbar_wait(smem_u32(&ss.vfree[stage]), (mine >> 1) & 1);
-          if (refill) issue_kv_fp8(p, smem_u32(ss.kv[stage]), smem_u32(&ss.bar[stage][0]), kb + 4, refill_page);
-        };
-        if (next) {
-          const uint32_t nl = mine + 1;
-          issue_qk(2 * wg + (nl & 1), (nl >> 1) & 1);
-          if constexpr (!kQ8) {
-            // The PV groups: issue_qk commits exactly one group, the newest. If QK^T ever commits
-            // more, this count must follow, or a PV wgmma could still read P hi in a released stage.
-            wgmma_wait<1>();
-            release_stages();
-          }
-          if (tw < 32) refill_stage();
-          wgmma_wait<0>();
-        } else {  // a refill only at a chain's end (else it would be block kb + 4 > kb + 2)
-          if constexpr (!kQ8) {
-            wgmma_wait<0>();
-            release_stages();
-          }
-          if (tw < 32 && has) refill_stage();
-          wgmma_wait<0>();
-        }
-        tl_mark(kTlNPvDone, mine);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) fence_regs(acc[i]);
-        fence_regs(st);
-        loads0 += 1;
-        loads1 += has1 ? 1 : 0;
-      }
+      // Steady pairs: k0 + 1 < kb1 and (k0 + 2) * 64 <= lim_min (row 0's limit, the smallest).
+      const int steady_end = min(c1, min(kb1 - 1, lim_min / kBlockN - 1));
+      int k0 = c0;
+      for (; k0 < steady_end; k0 += 2) run_pair(k0, c1, std::true_type{});
+      for (; k0 < c1; k0 += 2) run_pair(k0, c1, std::false_type{});
       if (c1 < kb1) {  // CTA-uniform
         // Promotion n (from 0) reads the row maxima of promotion n - 1 and writes its own into
         // the other buffer (warp 0 of warpgroup 0; every thread read the older ones before: the
