@@ -313,20 +313,21 @@ __device__ void attention_narrow(const MlaParams& p) {
           const int c = 8 * t + 2 * q4 + (e & 1), v = 64 * i + (e < 2 ? r_a : r_b);
           ob[c * kMergeStride + v] = acc[i][4 * t + e];
         }
-    wg_barrier(wg);
-    if (tw < kN)
-      ss.l[wg][tw] = ss.colmax[wg][0][tw] + ss.colmax[wg][1][tw] + ss.colmax[wg][2][tw] + ss.colmax[wg][3][tw];
+    // Each reader sums the four warps' row sums itself (in colmax, written before the barrier like
+    // m), as the fp8 narrow kernel does.
     __syncthreads();
 
     // Both warpgroups' O merged per row by all eight warps (store_unit_rows).
     {
       const int c = tid / (kNumThreads / kN);
+      const float l0 = ss.colmax[0][0][c] + ss.colmax[0][1][c] + ss.colmax[0][2][c] + ss.colmax[0][3][c];
+      const float l1 = ss.colmax[1][0][c] + ss.colmax[1][1][c] + ss.colmax[1][2][c] + ss.colmax[1][3][c];
       store_unit_rows<kN>(p, w, partial_slot(p, cr.set, grp, cr.lane_m), c, reinterpret_cast<const float*>(ss.kv[0]),
-                          reinterpret_cast<const float*>(ss.kv[1]), ss.m[0][c], ss.m[1][c], ss.l[0][c], ss.l[1][c],
-                          0.f, bmm2, [](int v) { return v; });
+                          reinterpret_cast<const float*>(ss.kv[1]), ss.m[0][c], ss.m[1][c], l0, l1, 0.f, bmm2,
+                          [](int v) { return v; });
     }
     // The next unit reuses the stages (they hold the merge buffers; its TMA writes must come
-    // after these generic-proxy reads), Q, colmax, m and l.
+    // after these generic-proxy reads), Q, colmax and m.
     fence_proxy_async_smem();
     __syncthreads();
     tl_mark(kTlNUnitDone, loads);

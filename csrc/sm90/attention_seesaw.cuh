@@ -580,7 +580,7 @@ __device__ void attention_seesaw(const MlaParams& p) {
     // (its first row's: a later token sees more; padding rows get the last row's) run steady;
     // the rest as before. Row limits never exceed kv_len (row_kv_limit clamps), so a steady
     // pair has no V tail to zero either.
-    const int lim_min = row_kv_limit(kv_len, unit.q_len, unit.row0 / p.num_heads);
+    const int lim_min = unit_row_limit(p, unit, 0);
     const int steady_end = min(kb1 - 3, lim_min / kBlockN - 1);  // steady: kb < steady_end
     int kb = kb0;
     for (; kb < steady_end; kb += 2) run_pair(kb, std::true_type{});

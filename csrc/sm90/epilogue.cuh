@@ -118,6 +118,23 @@ __device__ __forceinline__ RowNorm row_norm(float m, float tot) {
   return RowNorm{seen ? m + log2f(tot) : -INFINITY, seen ? 1.f / tot : 0.f};
 }
 
+// Row r's destination (512 bf16) in a unit's result: the split's partial row (partial_row: the
+// first half of slot's [64, 512] fp32, as bf16) and its LSE, or the output row (out: [total_q *
+// H, 512] bf16) with finalize_row's scale (sinks) folded into f and the call's LSE. lse: the row's
+// row_norm LSE; write_lse: this thread writes the row's LSE (one thread per valid row).
+__device__ __forceinline__ __nv_bfloat16* row_destination(const MlaParams& p, const UnitWork& w, int slot, int r,
+                                                          float lse, float bmm2, bool write_lse, float& f) {
+  const Unit& u = w.unit;
+  if (w.split) {
+    if (write_lse) p.partial_lse[slot * kBlockM + r] = lse;
+    return partial_row(p, slot, r);
+  }
+  const RowFinal fin = finalize_row(lse, p.sinks, (u.row0 + r) % p.num_heads, bmm2);
+  f *= fin.scale;
+  if (write_lse && p.lse != nullptr) p.lse[u.q_row_base + r] = fin.lse;
+  return static_cast<__nv_bfloat16*>(p.out) + (u.q_row_base + r) * kHeadDimV;
+}
+
 // Writes this warpgroup's half of O (columns [256 wg, 256 wg + 256), m64n256 accumulator layout:
 // rows r_a, r_b = r_a + 8; element 4t+e at column 8t + 2 q4 + (e&1)). m: the rows' final running
 // max (log2 domain), tot: their full softmax denominators relative to it.
@@ -125,36 +142,12 @@ __device__ __forceinline__ void store_unit_result(const MlaParams& p, const Unit
                                                   int wg, int r_a, int r_b, int q4,
                                                   const float (&o)[128], float m_a, float m_b,
                                                   float tot_a, float tot_b, float bmm2) {
-  const Unit& u = w.unit;
   const RowNorm na = row_norm(m_a, tot_a), nb = row_norm(m_b, tot_b);
-  const float lse_a = na.lse, lse_b = nb.lse;
   float f_a = na.f, f_b = nb.f;
-  const bool ok_a = r_a < u.rows, ok_b = r_b < u.rows;
-
-  // The rows' destinations (512 bf16 each): the split's partial rows (partial_row: the first
-  // half of slot's [64, 512] fp32, as bf16) and its LSE, or the output rows (out: [total_q * H,
-  // 512] bf16), scaled by finalize_row (sinks), and the call's LSE.
-  __nv_bfloat16 *dst_a, *dst_b;
-  if (w.split) {
-    dst_a = partial_row(p, slot, r_a);
-    dst_b = partial_row(p, slot, r_b);
-    if (wg == 0 && q4 == 0) {
-      if (ok_a) p.partial_lse[slot * kBlockM + r_a] = lse_a;
-      if (ok_b) p.partial_lse[slot * kBlockM + r_b] = lse_b;
-    }
-  } else {
-    const RowFinal fa = finalize_row(lse_a, p.sinks, (u.row0 + r_a) % p.num_heads, bmm2);
-    const RowFinal fb = finalize_row(lse_b, p.sinks, (u.row0 + r_b) % p.num_heads, bmm2);
-    f_a *= fa.scale;
-    f_b *= fb.scale;
-    __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out);
-    dst_a = out + (u.q_row_base + r_a) * kHeadDimV;
-    dst_b = out + (u.q_row_base + r_b) * kHeadDimV;
-    if (p.lse != nullptr && wg == 0 && q4 == 0) {
-      if (ok_a) p.lse[u.q_row_base + r_a] = fa.lse;
-      if (ok_b) p.lse[u.q_row_base + r_b] = fb.lse;
-    }
-  }
+  const bool ok_a = r_a < w.unit.rows, ok_b = r_b < w.unit.rows;
+  const bool lse_writer = wg == 0 && q4 == 0;
+  __nv_bfloat16* dst_a = row_destination(p, w, slot, r_a, na.lse, bmm2, lse_writer && ok_a, f_a);
+  __nv_bfloat16* dst_b = row_destination(p, w, slot, r_b, nb.lse, bmm2, lse_writer && ok_b, f_b);
   // bf16 pairs. Lanes q4 and q4 ^ 1 swap one pair so that each writes 4 columns (8 bytes) of
   // column octet t (even q4) or t + 1 (odd q4): a warp's store then fills whole 32-byte sectors
   // (8 rows x octets t, t + 1), not halves (as 4-byte stores would).
@@ -199,16 +192,7 @@ __device__ __forceinline__ void store_unit_rows(const MlaParams& p, const UnitWo
   const float f0 = exp2_approx(m0 - mx), f1 = exp2_approx(m1 - mx);
   const RowNorm rn = row_norm(mx - m_shift, l0 * f0 + l1 * f1);
   float f = rn.f;
-  __nv_bfloat16* dst;
-  if (w.split) {
-    dst = partial_row(p, slot, c);
-    if (j == 0) p.partial_lse[slot * kBlockM + c] = rn.lse;
-  } else {
-    const RowFinal fin = finalize_row(rn.lse, p.sinks, (u.row0 + c) % p.num_heads, bmm2);
-    f *= fin.scale;
-    dst = static_cast<__nv_bfloat16*>(p.out) + (u.q_row_base + c) * kHeadDimV;
-    if (p.lse != nullptr && j == 0) p.lse[u.q_row_base + c] = fin.lse;
-  }
+  __nv_bfloat16* dst = row_destination(p, w, slot, c, rn.lse, bmm2, j == 0, f);
   const float* row0 = ob0 + c * kMergeStride;
   const float* row1 = ob1 + c * kMergeStride;
 #pragma unroll

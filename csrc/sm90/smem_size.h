@@ -45,7 +45,6 @@ struct NarrowSmem {
   uint8_t p[2][kN * 128];            // warpgroup w's P: (kN rows, 64 tokens) bf16, swizzled
   float colmax[2][4][kN];            // per warpgroup and warp: a block's column maxima / sums
   float m[2][kN];                    // end of a unit: each warpgroup's running max per row
-  float l[2][kN];                    // and its softmax sums
   uint64_t bar[2][kNumBoxesQK];      // TMA mbarriers: [stage][box]
 };
 template <int kN>
