@@ -604,16 +604,11 @@ __device__ void attention_wide_fp8(const MlaParams& p) {
       } else {
         m = m_c - kPShift;
       }
-      const bool seen = tot > 0.f && m != -INFINITY;
-      const float lse = seen ? m + log2f(tot) : -INFINITY;
-      float f = seen ? 1.f / tot : 0.f;
-      if (w.split) {
-        if (c < unit.rows) p.partial_lse[slot * kBlockM + c] = lse;
-      } else {
-        const RowFinal fr = finalize_row(lse, p.sinks, (unit.row0 + c) % p.num_heads, bmm2);
-        f *= fr.scale;
-        if (p.lse != nullptr && c < unit.rows) p.lse[unit.q_row_base + c] = fr.lse;
-      }
+      const RowNorm rn = row_norm(m, tot);
+      float f = rn.f;
+      // The LSE and the sinks' scale here; the stores below find the row's destination again
+      // (each thread stores 16 rows).
+      row_destination(p, w, slot, c, rn.lse, bmm2, c < unit.rows, f);
       fin[c] = f;
     }
     __syncthreads();
