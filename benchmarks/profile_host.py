@@ -10,7 +10,7 @@ Differences between lines attribute the time:
     api (out given)         the public function as an engine calls it
     api (out allocated)     + torch.empty for out
     api, check_inputs=True  + the opt-in checks of device values (a few kernels, one sync)
-    launcher                the TVM-FFI call alone (mla_decode, 15 arguments, as the wrapper calls it)
+    launcher                the TVM-FFI call alone (mla_decode, 16 arguments, as the wrapper calls it)
     launcher, 28-arg entry  the same through trtllm_paged_attention_decode (FlashInfer's arguments)
     launcher, no PDL        the same without the programmatic-launch attribute
     launcher, B = 0         FFI + validation, no launch (returns before the stream and launches)
@@ -74,9 +74,9 @@ def main() -> None:
         return (oo, None, qq, cache, cache, ws, tt, ss, 1, page, scale, 1.0, -1.0, -1, 0, batch, -1, 0,
                 sm, pdl, nbytes, None, None, None, None, None, True, None)
 
-    def compact_args(pdl: bool, batch: int):  # the 15-argument entry the wrapper uses
+    def compact_args(pdl: bool, batch: int):  # the 16-argument entry the wrapper uses
         qq, tt, ss, oo = (q, table, seq, out) if batch else (q[:0], table[:0], seq[:0], out[:0])
-        return (oo, None, qq, cache, ws, tt, ss, None, None, scale, 1.0, 1, batch, sm, pdl)
+        return (oo, None, qq, cache, ws, tt, ss, None, None, scale, 1.0, 1, batch, sm, pdl, page)
 
     a_pdl, a_nopdl, a_empty = compact_args(True, b), compact_args(False, b), compact_args(True, 0)
     a_trtllm = trtllm_args(True, b)

@@ -232,13 +232,18 @@ int64_t workspace_size(int64_t batch, int64_t total_q, int64_t num_heads, int64_
 // cache, TMA pages, 64-row units (requests of more than 32 rows); kWideFp8: the same with a bf16
 // query (Q and P as hi + lo e4m3 rows). kSeesawReread: kSeesaw with the KV at L2's normal
 // priority, for a request with more rows than the grid holds at once (rows_hint > CTAs x 64).
+// kSeesawShort: kSeesaw without its steady pair body, for calls with few KV blocks per CTA.
 enum KernelId : int {
   kSeesaw, kAnyPage,
   kNarrow16, kNarrow32, kNarrow16Fp8, kNarrow32Fp8, kNarrow16Fp8Any, kNarrow32Fp8Any,
   kNarrow16Fp8Q, kNarrow32Fp8Q, kNarrow16Fp8QAny, kNarrow32Fp8QAny,
-  kWideFp8Q, kWideFp8, kSeesawReread,
+  kWideFp8Q, kWideFp8, kSeesawReread, kSeesawShort,
   kNumKernels,
 };
+// kSeesawShort's bound, KV blocks per CTA: the general-body-only seesaw ran B8 kv4096 H128 (~8
+// blocks per CTA) 4.5% faster, B1 kv65536 H128 (~16) 0.5% faster, B32 kv4096 H128 (~31) 0.5%
+// slower, B128 kv4096 H128 5% slower (same-run A/B, Session 22).
+constexpr int kShortBlocksPerCta = 16;
 constexpr int kNarrowFp8 = kNarrow16Fp8 - kNarrow16, kNarrowFp8Any = kNarrow16Fp8Any - kNarrow16Fp8,
               kNarrowFp8Q = kNarrow16Fp8Q - kNarrow16Fp8;
 struct KernelInfo {
@@ -261,6 +266,7 @@ const KernelInfo kKernelInfo[kNumKernels] = {
     {"mla_sm90_attention_wide_fp8q", sm90::kWideFp8SmemBytes},
     {"mla_sm90_attention_wide_fp8", sm90::kWideFp8BSmemBytes},
     {"mla_sm90_attention_reread", sm90::kSeesawSmemBytes},
+    {"mla_sm90_attention_short", sm90::kSeesawSmemBytes},
 };
 
 struct Kernels {
@@ -489,7 +495,7 @@ void run_attention(TensorView out, Optional<TensorView> lse, TensorView query, T
                    TensorView block_tables, TensorView seq_lens, Optional<TensorView> cum_seq_lens_q,
                    Optional<TensorView> attention_sinks, const Variant<double, Tensor>& bmm1_scale,
                    const Variant<double, Tensor>& bmm2_scale, int64_t max_q_len, int64_t batch_size,
-                   int64_t sm_count, bool enable_pdl) {
+                   int64_t sm_count, bool enable_pdl, int64_t max_kv_len) {
   // ---- 1a. dtypes ----------------------------------------------------------------------------
   // kv_cache: bf16, or fp8 e4m3 (its k/v scales folded into bmm1_scale / bmm2_scale by the
   // caller, the contract's convention; the kernels multiply K and V as e4m3 on fp8 tensor cores).
@@ -705,8 +711,17 @@ void run_attention(TensorView out, Optional<TensorView> lse, TensorView query, T
   // ---- 4. launch: one kernel (each CTA plans, attends, then merges splits), PDL when enabled ---
   // (narrow and unit_rows_log2: worked out with the kv_cache checks above.)
   const bool reread = rows_hint > (static_cast<int64_t>(p.num_ctas) << unit_rows_log2);
+  // Few KV blocks per CTA (B8 kv4096 H128: ~8): the seesaw without its steady pair body, whose
+  // code costs such calls more in instruction fetch than it saves (attention_seesaw.cuh). The
+  // blocks are estimated from max_kv_len (max_seq_len, a hint: 0 or less when not given) capped
+  // by the block table's width, and rows_hint (none when 0): a wrong hint costs speed only.
+  const int64_t kv_hint = std::min<int64_t>(max_kv_len > 0 ? max_kv_len : INT64_MAX,
+                                            static_cast<int64_t>(p.max_pages) * page_size);
+  const double est_blocks = static_cast<double>(batch_size) * static_cast<double>((rows_hint + kBlockM - 1) / kBlockM) *
+                            static_cast<double>((kv_hint + kBlockN - 1) / kBlockN);
+  const bool short_work = rows_hint >= 1 && est_blocks <= static_cast<double>(kShortBlocksPerCta) * p.num_ctas;
   const int id = wide_fp8 ? (q_fp8 ? kWideFp8Q : kWideFp8)
-                 : !narrow ? (use_tma ? (reread ? kSeesawReread : kSeesaw) : kAnyPage)
+                 : !narrow ? (use_tma ? (reread ? kSeesawReread : short_work ? kSeesawShort : kSeesaw) : kAnyPage)
                          : (unit_rows_log2 == 4 ? kNarrow16 : kNarrow32) +
                                (kv_fp8 ? kNarrowFp8 + (use_tma ? 0 : kNarrowFp8Any) + (q_fp8 ? kNarrowFp8Q : 0) : 0);
   MLA_CHECK(!(unfit >> id & 1u), RuntimeError)
@@ -729,7 +744,6 @@ void trtllm_paged_attention_decode(
     Optional<TensorView> key_block_scales, Optional<TensorView> value_block_scales,
     Optional<float> skip_softmax_threshold_scale_factor, Optional<bool> uses_shared_paged_kv_idx,
     Optional<TensorView> lse) {
-  (void)max_kv_len;  // a host hint only: results never depend on it
   (void)o_sf_scale;
   (void)o_sf_vec_size;
   (void)o_sf_start_index;
@@ -757,26 +771,27 @@ void trtllm_paged_attention_decode(
       << desc(value_cache) << " vs " << desc(key_cache);
   run_attention(out, lse, query, key_cache, workspace_buffer, workspace_size_bytes,
                 block_tables, seq_lens, cum_seq_lens_q, attention_sinks, bmm1_scale, bmm2_scale,
-                max_q_len, batch_size, sm_count, enable_pdl);
+                max_q_len, batch_size, sm_count, enable_pdl, max_kv_len);
 }
 
 // ---- entry 2: what jit_mla's Python wrapper calls on every step ---------------------------------
-// The same call with only the arguments that carry information (15 instead of 28: each argument
+// The same call with only the arguments that carry information (16 instead of 28: each argument
 // costs TVM-FFI some 50 ns to convert), the batch size derived here when not given, the workspace
-// size taken from the buffer itself.
+// size taken from the buffer itself. max_kv_len (the caller's max_seq_len) last: a hint for the
+// kernel choice only.
 void mla_decode(TensorView out, Optional<TensorView> lse, TensorView query, TensorView kv_cache,
                 TensorView workspace_buffer, TensorView block_tables, TensorView seq_lens,
                 Optional<TensorView> cum_seq_lens_q, Optional<TensorView> sinks,
                 Variant<double, Tensor> bmm1_scale, Variant<double, Tensor> bmm2_scale,
                 Optional<int64_t> max_q_len, Optional<int64_t> batch_size, int64_t sm_count,
-                bool enable_pdl) {
+                bool enable_pdl, int64_t max_kv_len) {
   const int64_t batch = batch_size.has_value() ? *batch_size
                         : block_tables.ndim() >= 1 ? block_tables.size(0) : 0;
   // max_q_len is only validated (>= 0): the kernels take each request's length from the device.
   const int64_t q_max = max_q_len.value_or(0);
   run_attention(out, lse, query, kv_cache, workspace_buffer, buffer_bytes(workspace_buffer), block_tables,
                 seq_lens, cum_seq_lens_q, sinks, bmm1_scale, bmm2_scale, q_max, batch, sm_count,
-                enable_pdl);
+                enable_pdl, max_kv_len);
 }
 
 }  // namespace

@@ -14,7 +14,8 @@ prefix sums on the host); pass ``max_q_len`` to avoid that.
 from __future__ import annotations
 
 import math
-from typing import List, Optional, Tuple, Union
+import operator
+from typing import Any, List, Optional, Tuple, Union
 
 import torch
 
@@ -346,8 +347,9 @@ def _launch(
     """The one launcher call, on checked and allocated arguments: the eager path of
     ``trtllm_batch_decode_with_kv_cache_mla`` and the CUDA kernel of ``torch.ops.jit_mla.mla_decode``
     (jit_mla/op.py) both end here, with the same arguments."""
-    # The launcher's compact entry (15 arguments; trtllm_paged_attention_decode is FlashInfer's
-    # 28-argument form of the same call, for callers of the launcher itself).
+    # The launcher's compact entry (16 arguments; trtllm_paged_attention_decode is FlashInfer's
+    # 28-argument form of the same call, for callers of the launcher itself). max_seq_len last:
+    # the launcher's hint for the kernel choice (few KV blocks per SM), never for results.
     get_launcher().mla_decode(
         out,
         lse,
@@ -364,7 +366,19 @@ def _launch(
         batch_size,
         _sm_count_of(query),
         True if enable_pdl is None else bool(enable_pdl),
+        max_seq_len if type(max_seq_len) is int else _kv_len_hint(max_seq_len),
     )
+
+
+def _kv_len_hint(max_seq_len: Any) -> int:
+    """max_seq_len as the launcher's hint when it is not a plain int: an integer (NumPy and torch
+    integers too), None for none (0); anything else is refused, naming the argument."""
+    if max_seq_len is None:
+        return 0
+    try:
+        return operator.index(max_seq_len)
+    except TypeError:
+        raise TypeError(f"max_seq_len must be an int (a host hint), got {type(max_seq_len).__name__}") from None
 
 
 def _validate_cum_seq_lens_q(cum: torch.Tensor, batch_size: int, total_q: int) -> int:

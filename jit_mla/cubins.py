@@ -98,7 +98,8 @@ KERNEL_SOURCES: dict[str, KernelSource] = {
          "mla_sm90_attention_narrow32_fp8_any", "mla_sm90_attention_narrow16_fp8q",
          "mla_sm90_attention_narrow32_fp8q", "mla_sm90_attention_narrow16_fp8q_any",
          "mla_sm90_attention_narrow32_fp8q_any", "mla_sm90_attention_wide_fp8q",
-         "mla_sm90_attention_wide_fp8", "mla_sm90_attention_reread"),
+         "mla_sm90_attention_wide_fp8", "mla_sm90_attention_reread",
+         "mla_sm90_attention_short"),
     ),
 }
 

@@ -479,6 +479,34 @@ def test_launcher_sm_count_fewer_or_more_than_the_device(monkeypatch, sm_count):
     _check(case, out, lse, bmm2=0.5, sinks=case.sinks, label=f"sm_count {sm_count}")
 
 
+@pytest.mark.parametrize("kv_hint", [1, 1 << 20], ids=["short", "steady"])
+@pytest.mark.parametrize("ragged", [False, True], ids=["q2", "ragged"])
+def test_seesaw_twins_by_the_kv_hint(monkeypatch, kv_hint, ragged):
+    """max_seq_len (the launcher's max_kv_len, last) picks between the seesaw (its steady pair
+    body compiled in) and its _short twin (the general body alone) by the KV blocks per CTA it
+    estimates. Eight H128 requests of mixed lengths on a table of 64 pages, q_len 2 on 4 CTAs
+    (_short: at most 64 blocks) or ragged q_len 0-4 on 8 (128): a hint of 1 estimates one block
+    per unit (32 or 64), a wide one the table's 64 per unit (2048 or 4096)."""
+    from jit_mla import cli
+    from jit_mla.launcher import get_launcher
+
+    case = _mixed_case(128, seed=29, ragged=ragged)
+    ctas = 8 if ragged else 4
+    out, lse = _buffers(case)
+    s1, s2 = _scales(case, 0.5)
+    args = list(_record_launcher_args(monkeypatch, case, _workspace(case), out, lse, s1, s2))
+    size = jit_mla.get_workspace_size(case.batch, case.num_heads, total_q=case.query.shape[0], sm_count=ctas)
+    args[4] = torch.empty(size, dtype=torch.uint8, device=DEV)  # workspace_buffer
+    args[13] = ctas  # sm_count
+    args[15] = kv_hint  # max_kv_len
+    width = case.block_tables.shape[1] * 64
+    rows = (case.max_q_len if ragged else 2) * 128
+    kernel = cli.attention_kernel(64, rows, ctas=ctas, batch=case.batch, kv_len=min(kv_hint, width))
+    assert kernel.startswith("mla_sm90_attention_short" if kv_hint == 1 else "mla_sm90_attention (TMA)"), kernel
+    get_launcher().mla_decode(*args)
+    _check(case, out, lse, bmm2=0.5, sinks=case.sinks, label=f"kv hint {kv_hint}: {kernel}")
+
+
 # Calls on two streams at once, beside a third stream busy with matmuls (two-batch overlap in an
 # engine). The launch is cooperative: a grid waits until all its CTAs fit, so the two streams'
 # calls serialize on the SMs instead of interleaving. Run in a child process with a timeout, so a

@@ -595,14 +595,14 @@ def test_fake_cuda_workspace_too_small(no_kernels, ragged):
 
 
 def compact(args: dict[str, Any], *, max_q_len: Any = "same", batch_size: Any = "same") -> tuple:
-    """mla_decode's 15 arguments from a trtllm-entry argument set."""
+    """mla_decode's 16 arguments from a trtllm-entry argument set."""
     return (
         args["out"], args["lse"], args["query"], args["key_cache"], args["workspace_buffer"],
         args["block_tables"], args["seq_lens"], args["cum_seq_lens_q"], args["attention_sinks"],
         args["bmm1_scale"], args["bmm2_scale"],
         args["max_q_len"] if max_q_len == "same" else max_q_len,
         args["batch_size"] if batch_size == "same" else batch_size,
-        args["sm_count"], args["enable_pdl"],
+        args["sm_count"], args["enable_pdl"], args["max_kv_len"],
     )  # fmt: skip
 
 

@@ -276,7 +276,7 @@ def recorder(monkeypatch):
 
 
 def _same_arguments(a: tuple, b: tuple) -> None:
-    assert len(a) == len(b) == 15
+    assert len(a) == len(b) == 16
     for i, (x, y) in enumerate(zip(a, b)):
         if isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor):
             assert isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor), f"argument {i}"
@@ -370,6 +370,12 @@ def test_kernel_choice_follows_the_launchers_page_size_rule():
     assert cli.attention_kernel(64, 132 * 64) == "mla_sm90_attention (TMA)"
     assert cli.attention_kernel(64, 3 * 128, ctas=5).startswith("mla_sm90_attention_reread (TMA")
     assert cli.attention_kernel(24, 2048 * 128) == "mla_sm90_attention_any_page (cp.async)"
+    # at most 16 KV blocks per CTA (B8 kv4096 H128: 8 x 2 units x 64 blocks on 132): the _short twin
+    assert cli.attention_kernel(64, 128, batch=8, kv_len=4096).startswith("mla_sm90_attention_short (TMA")
+    assert cli.attention_kernel(64, 128, batch=1, kv_len=65536).startswith("mla_sm90_attention_short (TMA")
+    assert cli.attention_kernel(64, 128, batch=32, kv_len=4096) == "mla_sm90_attention (TMA)"
+    assert cli.attention_kernel(64, 128, batch=8, kv_len=0) == "mla_sm90_attention (TMA)"  # no hint
+    assert cli.attention_kernel(64, 0, batch=8, kv_len=4096) == "mla_sm90_attention (TMA)"  # no max_q_len
     assert cli.attention_kernel(64, 16, fp8=True).startswith("mla_sm90_attention_narrow16_fp8 ")
     assert cli.attention_kernel(16, 32, fp8=True).startswith("mla_sm90_attention_narrow32_fp8 ")
     assert cli.attention_kernel(24, 16, fp8=True).startswith("mla_sm90_attention_narrow16_fp8_any (cp.async")
@@ -412,3 +418,18 @@ def test_run_says_so_before_a_first_build(monkeypatch, capsys, tmp_path):
     demo._prepare_launcher(lambda: order.append(capsys.readouterr().out))
     assert order == [f"building the launcher (first use, ~15 s) into {tmp_path / 'm'} ...\n"]
     assert capsys.readouterr().out.startswith("launcher built in ")
+
+
+@pytest.mark.parametrize("hint, expected", [(4096, 4096), (torch.tensor(77).numpy()[()], 77), (None, 0)],
+                         ids=["int", "numpy-int", "none"])
+def test_max_seq_len_reaches_the_launcher_as_its_last_argument(recorder, hint, expected):
+    # The launcher's kernel-choice hint (KV blocks per CTA: the seesaw's _short twin), as an int.
+    call_api(make_inputs("cpu"), max_seq_len=hint)
+    (args, _), = recorder.calls
+    assert type(args[-1]) is int and args[-1] == expected
+
+
+def test_max_seq_len_not_an_integer_is_refused(recorder):
+    with pytest.raises(TypeError, match="max_seq_len must be an int .*got float"):
+        call_api(make_inputs("cpu"), max_seq_len=4096.0)
+    assert not recorder.calls

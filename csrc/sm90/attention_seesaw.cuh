@@ -348,7 +348,12 @@ __device__ __forceinline__ void pv_ss(float (&o)[128], uint32_t p_box, uint32_t 
 // the CTA sets come back to its KV unit after unit: loaded at L2's normal priority, not
 // evict-first, it stays in L2 between them (4 x 2048 query tokens on 8192 KV tokens, H 128:
 // 5.5% faster; a run-time choice of the policy cost decode rows ~0.8%, hence a template).
-template <bool kReread>
+// kSteadyBody: the steady pair body below is compiled in. Without it (the _short twin, for calls
+// with few blocks per CTA) every pair runs the general body: at B8 kv4096 H128 (~4 pairs per
+// CTA) the second body's code cost more than it saved (instruction fetch: ncu's no_instruction
+// stall 5.9 against 4.8 cycles per issued instruction; 33.4 against 31.9 µs), also when it was
+// compiled in but not run, while B128 runs 5% faster with it.
+template <bool kReread, bool kSteadyBody = true>
 __device__ void attention_seesaw(const MlaParams& p) {
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw_addr = smem_u32(smem_raw);
@@ -580,10 +585,12 @@ __device__ void attention_seesaw(const MlaParams& p) {
     // (its first row's: a later token sees more; padding rows get the last row's) run steady;
     // the rest as before. Row limits never exceed kv_len (row_kv_limit clamps), so a steady
     // pair has no V tail to zero either.
-    const int lim_min = unit_row_limit(p, unit, 0);
-    const int steady_end = min(kb1 - 3, lim_min / kBlockN - 1);  // steady: kb < steady_end
     int kb = kb0;
-    for (; kb < steady_end; kb += 2) run_pair(kb, std::true_type{});
+    if constexpr (kSteadyBody) {
+      const int lim_min = unit_row_limit(p, unit, 0);
+      const int steady_end = min(kb1 - 3, lim_min / kBlockN - 1);  // steady: kb < steady_end
+      for (; kb < steady_end; kb += 2) run_pair(kb, std::true_type{});
+    }
     for (; kb < kb1; kb += 2) run_pair(kb, std::false_type{});
 
     probe_file(kSiteLoop, t_loop);

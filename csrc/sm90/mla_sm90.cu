@@ -50,6 +50,9 @@ MLA_ATTENTION_KERNEL(mla_sm90_attention, jit_mla::sm90::attention_seesaw<false>)
 // The same for a request with more rows than the grid holds at once (chunked prefill): its KV at
 // L2's normal priority, since later units read it again.
 MLA_ATTENTION_KERNEL(mla_sm90_attention_reread, jit_mla::sm90::attention_seesaw<true>)
+// The same without the steady pair body, for calls with few KV blocks per CTA (its code costs
+// them more in instruction fetch than it saves).
+MLA_ATTENTION_KERNEL(mla_sm90_attention_short, jit_mla::sm90::attention_seesaw<false, false>)
 MLA_ATTENTION_KERNEL(mla_sm90_attention_any_page, jit_mla::sm90::attention_any_page)
 MLA_ATTENTION_KERNEL(mla_sm90_attention_narrow16, jit_mla::sm90::attention_narrow<16>)
 MLA_ATTENTION_KERNEL(mla_sm90_attention_narrow32, jit_mla::sm90::attention_narrow<32>)
