@@ -184,6 +184,8 @@ def trtllm_batch_decode_with_kv_cache_mla(
             ``p*page_size .. p*page_size+page_size-1`` of request ``b``.
         seq_lens: int32 ``[B]``: KV length of each request *including* this step's query tokens.
         max_seq_len: host hint; results never depend on it (unlike FlashInfer's split count).
+            It picks between two equivalent kernels (few KV blocks per SM: the seesaw without
+            its steady pair body); an int, or None for no hint.
         sparse_mla_top_k: must be 0 (sparse MLA: ``NotImplementedError``).
         out: optional bf16 ``query.shape[:-1] + (512,)``; allocated when not given.
         bmm1_scale: float or one-element float32 CUDA tensor: ``q_scale * k_scale * sm_scale``

@@ -32,9 +32,10 @@ DEV = "cuda"
 MAX_SEQ_LEN = 4096  # a constant host hint, as engines pass it (a changing one recompiles once)
 
 
-def _workspace(case) -> torch.Tensor:
+def _workspace(case, sm_count: int | None = None) -> torch.Tensor:
+    """The call's workspace, for the device's SMs or (sm_count) a launcher call's own count."""
     total_q = case.query.shape[0] if case.ragged else case.batch * case.query.shape[1]
-    size = jit_mla.get_workspace_size(case.batch, case.num_heads, total_q=total_q)
+    size = jit_mla.get_workspace_size(case.batch, case.num_heads, total_q=total_q, sm_count=sm_count)
     return torch.empty(size, dtype=torch.uint8, device=DEV)
 
 
@@ -472,19 +473,18 @@ def test_launcher_sm_count_fewer_or_more_than_the_device(monkeypatch, sm_count):
     out, lse = _buffers(case)
     s1, s2 = _scales(case, 0.5)
     args = list(_record_launcher_args(monkeypatch, case, _workspace(case), out, lse, s1, s2))
-    size = jit_mla.get_workspace_size(case.batch, case.num_heads, total_q=case.query.shape[0], sm_count=sm_count)
-    args[4] = torch.empty(size, dtype=torch.uint8, device=DEV)  # workspace_buffer
+    args[4] = _workspace(case, sm_count)  # workspace_buffer
     args[13] = sm_count
     get_launcher().mla_decode(*args)
     _check(case, out, lse, bmm2=0.5, sinks=case.sinks, label=f"sm_count {sm_count}")
 
 
-@pytest.mark.parametrize("kv_hint", [1, 1 << 20], ids=["short", "steady"])
 @pytest.mark.parametrize("ragged", [False, True], ids=["q2", "ragged"])
-def test_seesaw_twins_by_the_kv_hint(monkeypatch, kv_hint, ragged):
+def test_seesaw_twins_by_the_kv_hint(monkeypatch, ragged):
     """max_seq_len (the launcher's max_kv_len, last) picks between the seesaw (its steady pair
     body compiled in) and its _short twin (the general body alone) by the KV blocks per CTA it
-    estimates. Eight H128 requests of mixed lengths on a table of 64 pages, q_len 2 on 4 CTAs
+    estimates; both match the reference, and each other bitwise (results never depend on the
+    hint). Eight H128 requests of mixed lengths on a table of 64 pages, q_len 2 on 4 CTAs
     (_short: at most 64 blocks) or ragged q_len 0-4 on 8 (128): a hint of 1 estimates one block
     per unit (32 or 64), a wide one the table's 64 per unit (2048 or 4096)."""
     from jit_mla import cli
@@ -492,19 +492,23 @@ def test_seesaw_twins_by_the_kv_hint(monkeypatch, kv_hint, ragged):
 
     case = _mixed_case(128, seed=29, ragged=ragged)
     ctas = 8 if ragged else 4
-    out, lse = _buffers(case)
     s1, s2 = _scales(case, 0.5)
-    args = list(_record_launcher_args(monkeypatch, case, _workspace(case), out, lse, s1, s2))
-    size = jit_mla.get_workspace_size(case.batch, case.num_heads, total_q=case.query.shape[0], sm_count=ctas)
-    args[4] = torch.empty(size, dtype=torch.uint8, device=DEV)  # workspace_buffer
-    args[13] = ctas  # sm_count
-    args[15] = kv_hint  # max_kv_len
     width = case.block_tables.shape[1] * 64
     rows = (case.max_q_len if ragged else 2) * 128
-    kernel = cli.attention_kernel(64, rows, ctas=ctas, batch=case.batch, kv_len=min(kv_hint, width))
-    assert kernel.startswith("mla_sm90_attention_short" if kv_hint == 1 else "mla_sm90_attention (TMA)"), kernel
-    get_launcher().mla_decode(*args)
-    _check(case, out, lse, bmm2=0.5, sinks=case.sinks, label=f"kv hint {kv_hint}: {kernel}")
+    results = []
+    for kv_hint, name in ((1, "mla_sm90_attention_short"), (1 << 20, "mla_sm90_attention (TMA)")):
+        kernel = cli.attention_kernel(64, rows, ctas=ctas, batch=case.batch, kv_len=min(kv_hint, width))
+        assert kernel.startswith(name), kernel
+        out, lse = _buffers(case)
+        args = list(_record_launcher_args(monkeypatch, case, _workspace(case), out, lse, s1, s2))
+        args[4] = _workspace(case, ctas)  # workspace_buffer
+        args[13] = ctas  # sm_count
+        args[15] = kv_hint  # max_kv_len
+        get_launcher().mla_decode(*args)
+        _check(case, out, lse, bmm2=0.5, sinks=case.sinks, label=f"kv hint {kv_hint}: {kernel}")
+        results.append((out, lse))
+    (a, la), (b, lb) = results
+    assert torch.equal(a, b) and torch.equal(la, lb), "the two seesaw twins differ"
 
 
 # Calls on two streams at once, beside a third stream busy with matmuls (two-batch overlap in an
