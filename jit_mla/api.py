@@ -184,8 +184,8 @@ def trtllm_batch_decode_with_kv_cache_mla(
             ``p*page_size .. p*page_size+page_size-1`` of request ``b``.
         seq_lens: int32 ``[B]``: KV length of each request *including* this step's query tokens.
         max_seq_len: host hint; results never depend on it (unlike FlashInfer's split count).
-            It picks between two equivalent kernels (few KV blocks per SM: the seesaw without
-            its steady pair body); an int, or None for no hint.
+            It picks between two equivalent kernels (few KV blocks per CTA, one CTA per SM: the
+            seesaw without its steady pair body); an int, or None for no hint.
         sparse_mla_top_k: must be 0 (sparse MLA: ``NotImplementedError``).
         out: optional bf16 ``query.shape[:-1] + (512,)``; allocated when not given.
         bmm1_scale: float or one-element float32 CUDA tensor: ``q_scale * k_scale * sm_scale``
@@ -351,7 +351,7 @@ def _launch(
     (jit_mla/op.py) both end here, with the same arguments."""
     # The launcher's compact entry (16 arguments; trtllm_paged_attention_decode is FlashInfer's
     # 28-argument form of the same call, for callers of the launcher itself). max_seq_len last:
-    # the launcher's hint for the kernel choice (few KV blocks per SM), never for results.
+    # the launcher's hint for the kernel choice (few KV blocks per CTA), never for results.
     get_launcher().mla_decode(
         out,
         lse,
@@ -368,19 +368,25 @@ def _launch(
         batch_size,
         _sm_count_of(query),
         True if enable_pdl is None else bool(enable_pdl),
-        max_seq_len if type(max_seq_len) is int else _kv_len_hint(max_seq_len),
-    )
+        max_seq_len if type(max_seq_len) is int and -_HINT_MAX <= max_seq_len <= _HINT_MAX
+        else _kv_len_hint(max_seq_len),
+    )  # fmt: skip
+
+
+_HINT_MAX = 1 << 62  # the launcher takes an int64
 
 
 def _kv_len_hint(max_seq_len: Any) -> int:
-    """max_seq_len as the launcher's hint when it is not a plain int: an integer (NumPy and torch
-    integers too), None for none (0); anything else is refused, naming the argument."""
+    """max_seq_len as the launcher's hint when it is not a plain int in int64's range: an integer
+    (NumPy and torch integers too) clamped into it, None for none (0); anything else is refused,
+    naming the argument."""
     if max_seq_len is None:
         return 0
     try:
-        return operator.index(max_seq_len)
+        value = operator.index(max_seq_len)
     except TypeError:
         raise TypeError(f"max_seq_len must be an int (a host hint), got {type(max_seq_len).__name__}") from None
+    return max(-_HINT_MAX, min(value, _HINT_MAX))
 
 
 def _validate_cum_seq_lens_q(cum: torch.Tensor, batch_size: int, total_q: int) -> int:

@@ -114,10 +114,10 @@ def attention_kernel(page_size: int, rows_per_request: int = 64, fp8: bool = Fal
     not given); fp8: a float8_e4m3fn cache; fp8_query: an e4m3 query too (implies fp8). An fp8
     cache with more than 32 rows and TMA pages runs on the wide kernels, else the narrow ones.
     ctas: the grid (the SMs, 132 on an H200); a bf16 request with more rows than ctas x 64 (a
-    chunked prefill) runs the seesaw's _reread twin. batch, kv_len: the batch size and the KV
-    length the launcher assumes (max_seq_len when given, at most the block table's width x
-    page_size; 0 here: unknown); a call of at most 16 KV blocks of 64 tokens per CTA so estimated
-    runs the seesaw's _short twin (no steady pair body)."""
+    chunked prefill) runs the seesaw's _reread twin. batch: the batch size (0: unknown, as for the
+    report); kv_len: the KV length the launcher assumes, max_seq_len when > 0 and at most
+    block_tables' width x page_size; a call of at most 16 KV blocks of 64 tokens per CTA so
+    estimated runs the seesaw's _short twin (no steady pair body)."""
     fp8 = fp8 or fp8_query
     if fp8 and tma_page_size(page_size) and rows_per_request > 32:
         if fp8_query:
@@ -140,7 +140,7 @@ def attention_kernel(page_size: int, rows_per_request: int = 64, fp8: bool = Fal
         if rows_per_request > ctas * 64:
             return "mla_sm90_attention_reread (TMA, KV at L2 normal priority)"
         blocks = batch * -(-rows_per_request // 64) * -(-kv_len // 64)
-        if rows_per_request >= 1 and kv_len > 0 and blocks <= 16 * ctas:
+        if batch > 0 and rows_per_request >= 1 and blocks <= 16 * ctas:
             return "mla_sm90_attention_short (TMA, no steady pair body: few KV blocks per CTA)"
         return "mla_sm90_attention (TMA)"
     return "mla_sm90_attention_any_page (cp.async)"
@@ -190,8 +190,8 @@ def _next_call_report() -> str:
         f"_fp8q with an e4m3 query), and for more than 32 rows with TMA pages on "
         f"mla_sm90_attention_wide_fp8 / _fp8q (64-row units); a bf16 request with more rows "
         f"than the grid holds at once (chunked prefill) with TMA pages on "
-        f"mla_sm90_attention_reread, one of at most 16 KV blocks per SM (max_seq_len as the "
-        f"hint) on mla_sm90_attention_short; one "
+        f"mla_sm90_attention_reread, one of at most 16 KV blocks per CTA (one CTA per SM; "
+        f"max_seq_len as the hint) on mla_sm90_attention_short; one "
         f"cooperative launch per call"
     )
     return "\n".join(lines)

@@ -374,7 +374,7 @@ def test_kernel_choice_follows_the_launchers_page_size_rule():
     assert cli.attention_kernel(64, 128, batch=8, kv_len=4096).startswith("mla_sm90_attention_short (TMA")
     assert cli.attention_kernel(64, 128, batch=1, kv_len=65536).startswith("mla_sm90_attention_short (TMA")
     assert cli.attention_kernel(64, 128, batch=32, kv_len=4096) == "mla_sm90_attention (TMA)"
-    assert cli.attention_kernel(64, 128, batch=8, kv_len=0) == "mla_sm90_attention (TMA)"  # no hint
+    assert cli.attention_kernel(64, 128, batch=0, kv_len=4096) == "mla_sm90_attention (TMA)"  # batch unknown
     assert cli.attention_kernel(64, 0, batch=8, kv_len=4096) == "mla_sm90_attention (TMA)"  # no max_q_len
     assert cli.attention_kernel(64, 16, fp8=True).startswith("mla_sm90_attention_narrow16_fp8 ")
     assert cli.attention_kernel(16, 32, fp8=True).startswith("mla_sm90_attention_narrow32_fp8 ")
@@ -420,8 +420,8 @@ def test_run_says_so_before_a_first_build(monkeypatch, capsys, tmp_path):
     assert capsys.readouterr().out.startswith("launcher built in ")
 
 
-@pytest.mark.parametrize("hint, expected", [(4096, 4096), (torch.tensor(77).numpy()[()], 77), (None, 0)],
-                         ids=["int", "numpy-int", "none"])
+@pytest.mark.parametrize("hint, expected", [(4096, 4096), (torch.tensor(77).numpy()[()], 77), (None, 0),
+                                            (1 << 70, 1 << 62)], ids=["int", "numpy-int", "none", "huge"])
 def test_max_seq_len_reaches_the_launcher_as_its_last_argument(recorder, hint, expected):
     # The launcher's kernel-choice hint (KV blocks per CTA: the seesaw's _short twin), as an int.
     call_api(make_inputs("cpu"), max_seq_len=hint)
