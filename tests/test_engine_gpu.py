@@ -495,15 +495,15 @@ def test_seesaw_twins_by_the_kv_hint(monkeypatch, ragged):
     s1, s2 = _scales(case, 0.5)
     width = case.block_tables.shape[1] * 64
     rows = (case.max_q_len if ragged else 2) * 128
+    args = list(_record_launcher_args(monkeypatch, case, _workspace(case), *_buffers(case), s1, s2))
+    args[4] = _workspace(case, ctas)  # workspace_buffer
+    args[13] = ctas  # sm_count
     results = []
     for kv_hint, name in ((1, "mla_sm90_attention_short"), (1 << 20, "mla_sm90_attention (TMA)")):
         kernel = cli.attention_kernel(64, rows, ctas=ctas, batch=case.batch, kv_len=min(kv_hint, width))
         assert kernel.startswith(name), kernel
-        out, lse = _buffers(case)
-        args = list(_record_launcher_args(monkeypatch, case, _workspace(case), out, lse, s1, s2))
-        args[4] = _workspace(case, ctas)  # workspace_buffer
-        args[13] = ctas  # sm_count
-        args[15] = kv_hint  # max_kv_len
+        out, lse = _buffers(case)  # fresh poisoned outputs for each twin
+        args[0], args[1], args[15] = out, lse, kv_hint  # out, lse, max_kv_len
         get_launcher().mla_decode(*args)
         _check(case, out, lse, bmm2=0.5, sinks=case.sinks, label=f"kv hint {kv_hint}: {kernel}")
         results.append((out, lse))
