@@ -475,12 +475,12 @@ CUtensorMap kv_tensor_map(const void* ptr, int64_t pages, int64_t page_size, int
                                  static_cast<cuuint64_t>(page_stride) * elem_bytes};
   const cuuint32_t box[3] = {kBoxCols, static_cast<cuuint32_t>(std::min<int64_t>(page_size, kBlockN)), 1};
   const cuuint32_t elem_strides[3] = {1, 1, 1};
-  // L2 promotion: none for bf16, whose box rows are whole 128-byte lines of a 1152-byte row; with
-  // 256-byte promotion its kernels asked L2 for ~22% more sectors than the KV holds (ncu, B64
-  // kv8192 H16: 23.2 M read sectors, 4.2 M of them hits, against FlashInfer's 19.0 M), and the
-  // H16 rows ran 2-5% slower (Session 23 A/B: B64 kv8192 H16 164.5 -> 159.9 us, B128 kv4096 H16
-  // q2 162.9 -> 154.1; H128 rows unchanged). fp8 box rows are 64 bytes: there 256-byte promotion
-  // is the faster one (B64 kv8192 H16 fp8 2% slower without).
+  // L2 promotion: none for bf16, whose box rows are whole 128-byte lines of a 1152-byte row. With
+  // 256-byte promotion its kernels asked L2 for ~22% more read sectors than the KV holds (ncu, B64
+  // kv8192 H16: 23.2 M, 4.2 M of them hits; FlashInfer's cp.async kernel 19.0 M), presumably the
+  // promoted halves, and the H16 rows ran 2-5% slower (Session 23 A/B: B64 kv8192 H16 164.5 ->
+  // 159.9 us, B128 kv4096 H16 q2 162.9 -> 154.1; H128 rows unchanged). fp8 box rows are 64 bytes:
+  // there 256-byte promotion is the faster one (B64 kv8192 H16 fp8 2% slower without).
   const CUresult r = encode_tiled()(&e.map, fp8 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
                                     3, const_cast<void*>(ptr), dims, strides, box, elem_strides,
                                     CU_TENSOR_MAP_INTERLEAVE_NONE,
