@@ -2,6 +2,11 @@
 
     ncu --kernel-name mla_sm90_attention --launch-skip 1 --launch-count 1 \\
         python benchmarks/profile_one.py --shape 128,1,128,4096
+
+FlashInfer's fa3 MLA on a benchmark row instead (its data and plan as bench_mla.py makes them):
+
+    ncu --kernel-name-base demangled --kernel-name regex:flashinfer --launch-skip 2 \\
+        --launch-count 1 python benchmarks/profile_one.py --flashinfer-row 4 --calls 4
 """
 
 from __future__ import annotations
@@ -48,6 +53,21 @@ def uniform_call(b: int, q_len: int, h: int, kv: int, page: int = 64, dev: str =
     )
 
 
+def flashinfer_row(index: int, calls: int) -> None:
+    """`calls` eager calls of FlashInfer's fa3 wrapper on bench_mla.py's row `index` (one page set)."""
+    import flashinfer.mla as fi_mla
+
+    import bench_mla
+
+    shape = bench_mla.shape_table()[index]
+    bench = bench_mla.Bench(quick=True)
+    data = bench.shape_data(shape, 1)
+    ws = torch.empty(bench_mla.FLASHINFER_WORKSPACE_BYTES, dtype=torch.uint8, device=bench.dev)
+    (call,), _ = bench.flashinfer_calls(fi_mla, shape, data, ws)
+    for _ in range(calls):
+        call()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", default="128,1,128,4096", help="B,Q_LEN,H,KV_LEN")
@@ -55,7 +75,13 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=2)
     ap.add_argument("--fp8", action="store_true", help="a float8_e4m3fn KV cache")
     ap.add_argument("--fp8-query", action="store_true", help="the query in float8_e4m3fn too (implies --fp8)")
+    ap.add_argument("--flashinfer-row", type=int, metavar="INDEX",
+                    help="run FlashInfer's fa3 MLA on bench_mla.py's row INDEX instead (--shape ignored)")
     args = ap.parse_args()
+    if args.flashinfer_row is not None:
+        flashinfer_row(args.flashinfer_row, args.calls)
+        torch.cuda.synchronize()
+        return
     b, q_len, h, kv = (int(x) for x in args.shape.split(","))
     call = uniform_call(b, q_len, h, kv, args.page, fp8=args.fp8 or args.fp8_query, fp8_query=args.fp8_query)
     for _ in range(args.calls):
