@@ -109,9 +109,10 @@ def tabulate(samples: Sequence[dict[str, int]], chains: Sequence[tuple[Frame, ..
             continue
         groups[group_key(chain, i, by, cuts, site_file, depth)].update(s)
     total = sum(sum(c.values()) for c in groups.values()) or 1
-    order = sorted(groups.items(), key=lambda kv: -sum(kv[1].values()))
-    if by == "region":
-        order = sorted(groups.items())
+    if by == "region":  # in code order
+        order = sorted(groups.items(), key=lambda kv: int(kv[0].split()[1]))
+    else:
+        order = sorted(groups.items(), key=lambda kv: -sum(kv[1].values()))
     lines = [f"| {by} | samples | % | top reasons |", "|---|---|---|---|"]
     for key, c in order[:top]:
         n = sum(c.values())
