@@ -717,18 +717,24 @@ void run_attention(TensorView out, Optional<TensorView> lse, TensorView query, T
 
   // ---- 4. launch: one kernel (each CTA plans, attends, then merges splits), PDL when enabled ---
   // (narrow and unit_rows_log2: worked out with the kv_cache checks above.)
-  const bool reread = rows_hint > (static_cast<int64_t>(p.num_ctas) << unit_rows_log2);
-  // Few KV blocks per CTA (B8 kv4096 H128: ~8): the seesaw without its steady pair body, whose
-  // code costs such calls more in instruction fetch than it saves (attention_seesaw.cuh). The
-  // blocks are estimated from max_kv_len (max_seq_len, a hint: 0 or less when not given) capped
-  // by the block table's width, and rows_hint (none when 0): a wrong hint costs speed only.
-  const int64_t kv_hint = std::min<int64_t>(max_kv_len > 0 ? max_kv_len : INT64_MAX,
-                                            static_cast<int64_t>(p.max_pages) * page_size);
-  const double est_blocks = static_cast<double>(batch_size) * static_cast<double>((rows_hint + kBlockM - 1) / kBlockM) *
-                            static_cast<double>((kv_hint + kBlockN - 1) / kBlockN);
-  const bool short_work = rows_hint >= 1 && est_blocks <= static_cast<double>(kShortBlocksPerCta) * p.num_ctas;
+  // The seesaw's twins (TMA pages, bf16, more than 32 rows), worked out only when one is launched:
+  // _reread for a request with more rows than the grid holds at once; _short for few KV blocks
+  // per CTA (B8 kv4096 H128: ~8), the seesaw without its steady pair body. The blocks are
+  // estimated from max_kv_len (max_seq_len, a hint: 0 or less when not given) capped by the block
+  // table's width, and rows_hint (none when 0): a wrong hint costs speed only.
+  const auto seesaw_kernel = [&]() -> int {
+    if (rows_hint > (static_cast<int64_t>(p.num_ctas) << unit_rows_log2)) return kSeesawReread;
+    const int64_t kv_hint = std::min<int64_t>(max_kv_len > 0 ? max_kv_len : INT64_MAX,
+                                              static_cast<int64_t>(p.max_pages) * page_size);
+    // In double: batch x units x blocks may pass int64 for absurd hints.
+    const double est_blocks = static_cast<double>(batch_size) *
+                              static_cast<double>((rows_hint + kBlockM - 1) / kBlockM) *
+                              static_cast<double>((kv_hint + kBlockN - 1) / kBlockN);
+    const bool few = rows_hint >= 1 && est_blocks <= static_cast<double>(kShortBlocksPerCta) * p.num_ctas;
+    return few ? kSeesawShort : kSeesaw;
+  };
   const int id = wide_fp8 ? (q_fp8 ? kWideFp8Q : kWideFp8)
-                 : !narrow ? (use_tma ? (reread ? kSeesawReread : short_work ? kSeesawShort : kSeesaw) : kAnyPage)
+                 : !narrow ? (use_tma ? seesaw_kernel() : kAnyPage)
                          : (unit_rows_log2 == 4 ? kNarrow16 : kNarrow32) +
                                (kv_fp8 ? kNarrowFp8 + (use_tma ? 0 : kNarrowFp8Any) + (q_fp8 ? kNarrowFp8Q : 0) : 0);
   MLA_CHECK(!(unfit >> id & 1u), RuntimeError)
