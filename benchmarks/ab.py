@@ -140,7 +140,8 @@ def run(variants: list[str], shapes: str, rounds: int, suite: bool) -> None:
             for v, tree in order[::-1] if i % 2 else order:
                 times[v].append(bench_once(tree, f"/tmp/ab_cache_{v}", shapes, f"{tmp}/{v}_{i}"))
                 print(f"round {i + 1} {v}: done", flush=True)
-    print("\n".join(summarize(times)))
+            # Each round's table as it ends: a run cut short by its time limit still reports.
+            print(f"after round {i + 1}:", "\n".join(summarize(times)), sep="\n", flush=True)
 
 
 def main() -> None:
