@@ -246,8 +246,8 @@ def test_fp8_long_pv_chain(H, sms, kv_lens, q8, monkeypatch):
            p_dtype=torch.float8_e4m3fn if q8 else torch.bfloat16)
 
 
-# The merge with several whole rows per warp and few splits: combine_rows merges up to 4 of a
-# warp's rows of a unit together (their loads in flight at once). At 3-5 SMs (24-40 warps) the
+# The merge with several whole rows per warp and few splits: merge_rows merges up to 4 of a
+# warp's rows of a unit together (their copies in flight at once). At 3-5 SMs (24-40 warps) the
 # split units' rows go 3-6 to a warp, so batches end inside units, at a unit's end and at a
 # partial unit (H 16, q_len 3: units of 32 and 16 rows); sinks and the LSE go through its
 # per-row finalize. Every kernel family that splits: seesaw, wide (e4m3 query), narrow.

@@ -6,9 +6,15 @@
 //
 // Items of output rows (a whole row, or 128 or 256 columns of one), contiguous per warp: a warp
 // weighs a row's n normalized bf16 partials (partial_row) in fp32 and writes bf16, one item after
-// another (combine_cols) or, for whole rows with few splits, up to four rows of one unit together
-// (combine_rows). Consecutive items mostly share a row (whose weights it works out once) and a
-// unit (whose list of partial slots it collects once).
+// another or, for whole rows with few splits, up to four rows of one unit together. Consecutive
+// items mostly share a row (whose weights it works out once) and a unit (whose list of partial
+// slots it collects once).
+//
+// The partials go to shared memory by cp.async (each lane copies the 16-byte chunks it reads
+// back itself), and loops that are not unrolled weigh them from there: the merge runs once per
+// call, so its code is fetched cold, and the unrolled register version (a load site and FMAs per
+// split) spent most of its time stalled on instruction fetch (Session 23, ncu PC sampling: 59% of
+// the merge's samples at B8 kv4096 H128, 68% at B1 kv65536).
 #pragma once
 #include <cooperative_groups.h>
 
@@ -24,26 +30,22 @@ namespace jit_mla {
 constexpr int kCombineWarps = kNumThreads / 32;           // 8
 constexpr int kCombineCols = 32 * 8;                      // 256 columns: 8 bf16 (16 bytes) per lane
 constexpr int kCombineChunks = kHeadDimV / kCombineCols;  // 2 per row
-constexpr int kCombineQuarters = 4;                          // 128-column items: 4 bf16 per lane
-constexpr int kCombineLoadsInFlight = 16;                 // 16-byte loads per lane per step (combine_rows)
-// combine_cols: registers per lane that a step's partial loads fill (9 splits of a whole row, 18
-// of a 256-column chunk, 36 of a 128-column one): the loop is bound by the latency of these
-// loads, so a step takes as many splits as fit.
-constexpr int kCombineRegsInFlight = 72;
-template <int kChunks, int kLane>
-constexpr int kCombineColsSplits = kCombineRegsInFlight / (kChunks * kLane / 2);  // combine_cols' splits per step
-constexpr int kCombineRows = 4;                           // whole rows merged together (combine_rows)
-constexpr int kCombineRowsSplits = kCombineLoadsInFlight / (kCombineRows * kCombineChunks);  // its splits per step
+constexpr int kCombineQuarters = 4;                       // 128-column items: two splits per warp step
+constexpr int kCombineRows = 4;                           // whole rows merged together, at most
+// A warp's staging: 16-byte chunks per lane (12 KiB per warp). A round of copies fills it: 12
+// splits of a whole row, 24 of a 256-column item, 48 of a 128-column one.
+constexpr int kStageChunks = 24;
 
-// Per warp: the current unit's partial slots and the current row's per-split LSE, then weight.
-// Lives at the start of the attention kernel's dynamic shared memory (the Q tile or the first KV
-// stages, by kernel), free once attention is done: every load into it waited for, every wgmma
-// retired, and a CTA barrier (the grid barrier's arrival) behind.
+// Per warp: the current unit's partial slots, the current row's (rows') per-split LSE, then
+// weight, and the staged partials (chunk c of lane l at stage[c][l]: a warp's 16-byte reads of
+// one c are 512 contiguous bytes). Lives at the start of the attention kernel's dynamic shared
+// memory, free once attention is done: every load into it waited for, every wgmma retired, and a
+// CTA barrier (the grid barrier's arrival) behind. mla_sm90.cu checks that every kernel has it.
 struct CombineSmem {
   int slots[kCombineWarps][kMaxCtas];
   float weight[kCombineWarps][kMaxCtas];
+  uint4 stage[kCombineWarps][kStageChunks][32];
 };
-static_assert(sizeof(CombineSmem) <= kTileBytes, "the combine reuses the Q tile's shared memory");
 
 // Set s's range [bounds[s], bounds[s + 1]) (an empty one past the last set).
 struct SetRange {
@@ -145,127 +147,166 @@ __device__ __forceinline__ float row_weights(const MlaParams& p, const int* slot
   return lse;
 }
 
-// Row r's kChunks chunks of 32 kLane columns (kLane bf16 per lane: 8 or 4) from column col0 on,
-// of splits j .. j + kSplits - 1 (missing splits read nothing: 0), as kLane / 2 words.
-template <int kSplits, int kChunks, int kLane>
-__device__ __forceinline__ void load_partials(const MlaParams& p, const int* slots, int n, int j,
-                                              int r, int col0, uint32_t (&v)[kSplits][kChunks][kLane / 2]) {
-  constexpr int kCols = 32 * kLane;
+// acc[0 .. 8) += w * the 8 bf16 of u.
+__device__ __forceinline__ void fma_bf16x8(float (&acc)[8], float w, uint4 u) {
+  const uint32_t x[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    acc[2 * i] = fmaf(w, __uint_as_float(x[i] << 16), acc[2 * i]);
+    acc[2 * i + 1] = fmaf(w, __uint_as_float(x[i] & 0xffff0000u), acc[2 * i + 1]);
+  }
+}
+
+// What a lane weighs of an item: 8 columns (16 bytes) per 256, col0 + 8 lane + 256 h for
+// h < kC (kC 2: a whole row, 1: 256 columns), of every split; or, kPair (a 128-column item),
+// col0 + 8 (lane % 16) of the splits j = lane / 16 (mod 2), the half-warps' sums added at the end.
+template <bool kPair>
+__device__ __forceinline__ int lane_col(int col0) {
   const int lane = threadIdx.x & 31;
+  return col0 + 8 * (kPair ? lane & 15 : lane);
+}
+template <bool kPair>
+__device__ __forceinline__ int lane_first_split(int j0) {
+  return j0 + (kPair ? (threadIdx.x & 31) >> 4 : 0);
+}
+
+// Copies the lane's chunks of rows r0 .. r0 + k - 1, splits [j0, j1), into its staging column
+// stage[*][lane], in the order (row, split, h). Each lane reads back only what it copied, so its
+// own cp.async.wait_all is all the ordering the staging needs (no warp barrier).
+template <int kC, bool kPair>
+__device__ __forceinline__ void stage_partials(const MlaParams& p, const int* slots, int j0, int j1, int r0,
+                                               int k, int col0, uint4 (*stage)[32]) {
+  const int lane = threadIdx.x & 31, col = lane_col<kPair>(col0);
+  int c = 0;
+#pragma unroll 1
+  for (int i = 0; i < k; ++i) {
+#pragma unroll 1
+    for (int j = lane_first_split<kPair>(j0); j < j1; j += kPair ? 2 : 1) {
+      const __nv_bfloat16* src = partial_row(p, slots[j], r0 + i) + col;
 #pragma unroll
-  for (int k = 0; k < kSplits; ++k) {
-    const __nv_bfloat16* src = partial_row(p, slots[min(j + k, n - 1)], r) + col0 + kLane * lane;
-#pragma unroll
-    for (int c = 0; c < kChunks; ++c) {
-      if constexpr (kLane == 8) {
-        const uint4 x = j + k < n ? __ldcg(reinterpret_cast<const uint4*>(src + kCols * c)) : make_uint4(0, 0, 0, 0);
-        v[k][c][0] = x.x; v[k][c][1] = x.y; v[k][c][2] = x.z; v[k][c][3] = x.w;
-      } else {
-        const uint2 x = j + k < n ? __ldcg(reinterpret_cast<const uint2*>(src + kCols * c)) : make_uint2(0, 0);
-        v[k][c][0] = x.x; v[k][c][1] = x.y;
-      }
+      for (int h = 0; h < kC; ++h, ++c) cp_async_16(smem_u32(&stage[c][lane]), src + kCombineCols * h, true);
     }
   }
+  cp_async_commit();
 }
 
-// acc[0 .. 2 kW) += w * the 2 kW bf16 of u.
-template <int kW>
-__device__ __forceinline__ void fma_bf16(float (&acc)[2 * kW], float w, const uint32_t (&u)[kW]) {
-#pragma unroll
-  for (int i = 0; i < kW; ++i) {
-    acc[2 * i] = fmaf(w, __uint_as_float(u[i] << 16), acc[2 * i]);
-    acc[2 * i + 1] = fmaf(w, __uint_as_float(u[i] & 0xffff0000u), acc[2 * i + 1]);
-  }
-}
-
-// Row r's kChunks chunks of 32 kLane columns from column col0 on, acc = sum_j weight_j O_j:
-// finalized (sink, bmm2_scale) and stored as bf16; its LSE with the first chunk.
-template <int kChunks, int kLane>
-__device__ __forceinline__ void store_row_cols(const MlaParams& p, const Unit& unit, int r, int col0, float lse,
-                                               float bmm2, const float (&acc)[kChunks][kLane]) {
-  constexpr int kCols = 32 * kLane;
+// acc += weight[j] x the staged chunks of splits [j0, j1) of one row, from chunk *c on (advanced
+// past them).
+template <int kC, bool kPair>
+__device__ __forceinline__ void weigh_staged(const float* weight, int j0, int j1, int* c, uint4 (*stage)[32],
+                                             float (&acc)[kC][8]) {
   const int lane = threadIdx.x & 31;
+  int cc = *c;
+#pragma unroll 2
+  for (int j = lane_first_split<kPair>(j0); j < j1; j += kPair ? 2 : 1) {
+    const float w = weight[j];
+#pragma unroll
+    for (int h = 0; h < kC; ++h, ++cc) fma_bf16x8(acc[h], w, stage[cc][lane]);
+  }
+  *c = cc;
+}
+
+// Row r's columns of acc (the lane's, as lane_col), finalized with the row's lse (sink,
+// bmm2_scale) and stored as bf16 (16 bytes per lane: whole 32-byte sectors); its LSE with the
+// row's first columns.
+template <int kC, bool kPair>
+__device__ __forceinline__ void store_row(const MlaParams& p, const Unit& unit, int r, int col0, float lse,
+                                          float bmm2, float (&acc)[kC][8]) {
+  const int lane = threadIdx.x & 31;
+  if constexpr (kPair) {
+#pragma unroll
+    for (int h = 0; h < kC; ++h)
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[h][e] += __shfl_xor_sync(0xffffffffu, acc[h][e], 16);
+  }
   const int head = (unit.row0 + r) % p.num_heads;
   const RowFinal fin = finalize_row(lse, p.sinks, head, bmm2);
   const long long row = unit.q_row_base + r;
-  __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out) + row * kHeadDimV + col0 + kLane * lane;
+  if (!kPair || lane < 16) {
+    __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out) + row * kHeadDimV + lane_col<kPair>(col0);
 #pragma unroll
-  for (int c = 0; c < kChunks; ++c) {
-    uint32_t w[kLane / 2];
-#pragma unroll
-    for (int i = 0; i < kLane / 2; ++i) w[i] = pack_bf16x2(acc[c][2 * i] * fin.scale, acc[c][2 * i + 1] * fin.scale);
-    if constexpr (kLane == 8)
-      *reinterpret_cast<uint4*>(out + kCols * c) = make_uint4(w[0], w[1], w[2], w[3]);
-    else
-      *reinterpret_cast<uint2*>(out + kCols * c) = make_uint2(w[0], w[1]);
+    for (int h = 0; h < kC; ++h) {
+      const float* a = acc[h];
+      *reinterpret_cast<uint4*>(out + kCombineCols * h) =
+          make_uint4(pack_bf16x2(a[0] * fin.scale, a[1] * fin.scale), pack_bf16x2(a[2] * fin.scale, a[3] * fin.scale),
+                     pack_bf16x2(a[4] * fin.scale, a[5] * fin.scale), pack_bf16x2(a[6] * fin.scale, a[7] * fin.scale));
+    }
   }
   if (p.lse != nullptr && lane == 0 && col0 == 0) p.lse[row] = fin.lse;
 }
 
-// kChunks chunks of 32 kLane columns of row r from column col0 on: sum_j weight_j O_j, finalized.
-// Each step loads the chunks of as many splits as fill kCombineRegsInFlight registers per lane.
-// new_row: the row's weights (and *lse_io) are not worked out yet;
-// that happens while the first partials are in flight (the two sets of loads are independent).
-template <int kChunks, int kLane>
-__device__ __forceinline__ void combine_cols(const MlaParams& p, const Unit& unit, const int* slots,
-                                             float* weight, int n, int r, int col0, bool new_row,
-                                             float* lse_io, float bmm2) {
-  constexpr int kSplits = kCombineColsSplits<kChunks, kLane>;
-  float acc[kChunks][kLane];
-#pragma unroll
-  for (int c = 0; c < kChunks; ++c)
-#pragma unroll
-    for (int i = 0; i < kLane; ++i) acc[c][i] = 0.f;
-  uint32_t v[kSplits][kChunks][kLane / 2];
-  load_partials<kSplits, kChunks, kLane>(p, slots, n, 0, r, col0, v);
+// One item: row r's columns from col0 on (kC x 256, or 128 if kPair), sum_j weight_j O_j over
+// its n splits, finalized. Rounds of as many splits as fill the staging; the first round's
+// copies are in flight while the row's weights are worked out (new_row: not yet; *lse_io then).
+template <int kC, bool kPair>
+__device__ __forceinline__ void merge_item(const MlaParams& p, const Unit& unit, const int* slots, float* weight,
+                                           int n, int r, int col0, bool new_row, float* lse_io, float bmm2,
+                                           uint4 (*stage)[32]) {
+  constexpr int kRound = kStageChunks / kC * (kPair ? 2 : 1);  // splits per round
+  float acc[kC][8] = {};
+  stage_partials<kC, kPair>(p, slots, 0, min(n, kRound), r, 1, col0, stage);
   if (new_row) *lse_io = row_weights(p, slots, weight, n, r);
-  const float lse = *lse_io;
   me_mark(kMeWeights);
-  for (int j = 0; j < n; j += kSplits) {
-    if (j > 0) load_partials<kSplits, kChunks, kLane>(p, slots, n, j, r, col0, v);
-#pragma unroll
-    for (int k = 0; k < kSplits; ++k) {
-      const float w = j + k < n ? weight[j + k] : 0.f;
-#pragma unroll
-      for (int c = 0; c < kChunks; ++c) fma_bf16<kLane / 2>(acc[c], w, v[k][c]);
-    }
+#pragma unroll 1
+  for (int j0 = 0; j0 < n; j0 += kRound) {
+    const int j1 = min(n, j0 + kRound);
+    if (j0 > 0) stage_partials<kC, kPair>(p, slots, j0, j1, r, 1, col0, stage);
+    cp_async_wait_all();
+    int c = 0;
+    weigh_staged<kC, kPair>(weight, j0, j1, &c, stage, acc);
     me_mark(kMeRound);
   }
-  store_row_cols<kChunks, kLane>(p, unit, r, col0, lse, bmm2, acc);
+  store_row<kC, kPair>(p, unit, r, col0, *lse_io, bmm2, acc);
   me_mark(kMeStored);
 }
 
-// Whole rows r0 .. r0 + k - 1 (k <= kR) of one unit, n <= 32 / kR splits each, merged together:
-// every row's loads in flight at once (one row after another, a warp's rows were a round trip
-// each: 4 rows of ~3 splits per warp at B32 H128). The weights stay in registers: lane
-// i kSeg + j holds split j of row i, its LSE reduced over the row's kSeg lanes. The same numbers
-// as row_weights + combine_cols while a segment has a lane past n (its -inf): with all kSeg
-// LSEs NaN, row_weights' fmaxf from -inf gives lse -inf, this NaN. The caller's rounds test
-// keeps n <= 6 here.
-template <int kR>
-__device__ __forceinline__ void combine_rows(const MlaParams& p, const Unit& unit, const int* slots, int n, int r0,
-                                             int k, float bmm2) {
-  constexpr int kSeg = 32 / kR, kS = kCombineRowsSplits;  // lanes per row, splits per step
-  static_assert(kR == kCombineRows, "kCombineRowsSplits is for kCombineRows rows");
-  static_assert(kSeg % kS == 0, "a step's splits stay inside a row's lanes");
+// A whole row with the partials in registers (single whole-row items: B8 H128 merged 3.5%
+// faster this way than staged, Session 23): each step's loads (kRegSplits splits x 2 chunks of
+// 16 bytes per lane) in flight together, the row's weights worked out under the first step's.
+constexpr int kRegSplits = 9;
+__device__ __forceinline__ void merge_row_regs(const MlaParams& p, const Unit& unit, const int* slots,
+                                               float* weight, int n, int r, bool new_row, float* lse_io,
+                                               float bmm2) {
   const int lane = threadIdx.x & 31;
-  auto load_step = [&](int j0, uint32_t (&v)[kS][kR][kCombineChunks][4]) {
+  float acc[kCombineChunks][8] = {};
+  uint4 v[kRegSplits][kCombineChunks];
+  auto load = [&](int j) {
 #pragma unroll
-    for (int s = 0; s < kS; ++s)
+    for (int k = 0; k < kRegSplits; ++k) {
+      const __nv_bfloat16* src = partial_row(p, slots[min(j + k, n - 1)], r) + 8 * lane;
 #pragma unroll
-      for (int i = 0; i < kR; ++i) {
-        const bool in = j0 + s < n && i < k;
-        const __nv_bfloat16* src = partial_row(p, slots[min(j0 + s, n - 1)], r0 + min(i, k - 1)) + 8 * lane;
-#pragma unroll
-        for (int c = 0; c < kCombineChunks; ++c) {
-          const uint4 x = in ? __ldcg(reinterpret_cast<const uint4*>(src + kCombineCols * c)) : make_uint4(0, 0, 0, 0);
-          v[s][i][c][0] = x.x; v[s][i][c][1] = x.y; v[s][i][c][2] = x.z; v[s][i][c][3] = x.w;
-        }
-      }
+      for (int h = 0; h < kCombineChunks; ++h)
+        v[k][h] = j + k < n ? __ldcg(reinterpret_cast<const uint4*>(src + kCombineCols * h)) : make_uint4(0, 0, 0, 0);
+    }
   };
-  uint32_t v[kS][kR][kCombineChunks][4];
-  load_step(0, v);
-  // Weights while the first partials are in flight: as row_weights, per kSeg-lane segment.
+  load(0);
+  if (new_row) *lse_io = row_weights(p, slots, weight, n, r);
+  me_mark(kMeWeights);
+  for (int j = 0; j < n; j += kRegSplits) {
+    if (j > 0) load(j);
+#pragma unroll
+    for (int k = 0; k < kRegSplits; ++k) {
+      const float w = j + k < n ? weight[j + k] : 0.f;
+#pragma unroll
+      for (int h = 0; h < kCombineChunks; ++h) fma_bf16x8(acc[h], w, v[k][h]);
+    }
+    me_mark(kMeRound);
+  }
+  store_row<kCombineChunks, false>(p, unit, r, 0, *lse_io, bmm2, acc);
+  me_mark(kMeStored);
+}
+
+// Whole rows r0 .. r0 + k - 1 (k <= kCombineRows) of one unit, n splits each, merged together:
+// all their chunks in one round (the caller's test: 2 k n <= kStageChunks), one round trip for
+// the k rows instead of one each. The weights of all k rows at once while the copies are in
+// flight: lane i kSeg + j holds split j of row i, its LSE reduced over the row's kSeg lanes. The
+// same numbers as row_weights while a segment has a lane past n (its -inf): with all kSeg LSEs
+// NaN, row_weights' fmaxf from -inf gives lse -inf, this NaN; n <= 6 here.
+__device__ __forceinline__ void merge_rows(const MlaParams& p, const Unit& unit, const int* slots, float* weight,
+                                           int n, int r0, int k, float bmm2, uint4 (*stage)[32]) {
+  constexpr int kSeg = 32 / kCombineRows;  // lanes per row
+  const int lane = threadIdx.x & 31;
+  stage_partials<kCombineChunks, false>(p, slots, 0, n, r0, k, 0, stage);
   const int mine_i = lane / kSeg, mine_j = lane % kSeg;
   const float x = mine_i < k && mine_j < n ? __ldcg(p.partial_lse + slots[mine_j] * kBlockM + r0 + mine_i) : -INFINITY;
   float mx = x;
@@ -275,32 +316,17 @@ __device__ __forceinline__ void combine_rows(const MlaParams& p, const Unit& uni
 #pragma unroll
   for (int d = kSeg / 2; d > 0; d >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, d);
   const float lse = mx == -INFINITY ? -INFINITY : mx + log2f(sum);
-  const float weight = lse == -INFINITY ? 0.f : exp2f(x - lse);
+  __syncwarp();  // the previous row's weights no longer read
+  weight[lane] = lse == -INFINITY ? 0.f : exp2f(x - lse);  // row i's at weight[i kSeg + j]
+  __syncwarp();
   me_mark(kMeWeights);
-
-  float acc[kR][kCombineChunks][8];
-#pragma unroll
-  for (int i = 0; i < kR; ++i)
-#pragma unroll
-    for (int c = 0; c < kCombineChunks; ++c)
-#pragma unroll
-      for (int e = 0; e < 8; ++e) acc[i][c][e] = 0.f;
-  for (int j0 = 0; j0 < n; j0 += kS) {
-    if (j0 > 0) load_step(j0, v);
-#pragma unroll
-    for (int s = 0; s < kS; ++s)
-#pragma unroll
-      for (int i = 0; i < kR; ++i) {
-        const float w = __shfl_sync(0xffffffffu, weight, i * kSeg + j0 + s);  // 0 past n
-#pragma unroll
-        for (int c = 0; c < kCombineChunks; ++c) fma_bf16<4>(acc[i][c], w, v[s][i][c]);
-      }
-    me_mark(kMeRound);
-  }
-#pragma unroll
-  for (int i = 0; i < kR; ++i) {
-    const float row_lse = __shfl_sync(0xffffffffu, lse, i * kSeg);
-    if (i < k) store_row_cols<kCombineChunks, 8>(p, unit, r0 + i, 0, row_lse, bmm2, acc[i]);
+  cp_async_wait_all();
+  int c = 0;
+#pragma unroll 1
+  for (int i = 0; i < k; ++i) {
+    float acc[kCombineChunks][8] = {};
+    weigh_staged<kCombineChunks, false>(weight + i * kSeg, 0, n, &c, stage, acc);
+    store_row<kCombineChunks, false>(p, unit, r0 + i, 0, __shfl_sync(0xffffffffu, lse, i * kSeg), bmm2, acc);
   }
   me_mark(kMeStored);
 }
@@ -344,6 +370,7 @@ __device__ __forceinline__ void combine_splits(const MlaParams& p) {
   const int warp = threadIdx.x >> 5;
   int* slots = cs.slots[warp];
   float* weight = cs.weight[warp];
+  uint4 (*stage)[32] = cs.stage[warp];
   const float bmm2 = load_scale(p.bmm2_scale_ptr, p.bmm2_scale);
 
   // Items: whole rows, or 128- or 256-column chunks of rows when even the chunks are not more
@@ -358,8 +385,8 @@ __device__ __forceinline__ void combine_splits(const MlaParams& p) {
   // than 64 kMaxCtas, and chunk items (per_row 2 or 4) no more than the warps.
   const int rows = units * unit_rows;
   const int warps = (int)gridDim.x * kCombineWarps;
-  // Few rows (a short request split many ways): 128-column items (4 bf16 per lane) when four
-  // per row are not more than the warps, else 256-column ones when two are not, else rows.
+  // Few rows (a short request split many ways): 128-column items when four per row are not
+  // more than the warps, else 256-column ones when two are not, else rows.
   const int per_row = rows * kCombineQuarters <= warps ? kCombineQuarters
                       : rows * kCombineChunks <= warps ? kCombineChunks
                                                        : 1;
@@ -390,12 +417,10 @@ __device__ __forceinline__ void combine_splits(const MlaParams& p) {
     if (n == 0 || r >= unit.rows) continue;
     if (per_row == 1 && n <= 32 / kCombineRows) {
       // Whole rows, few splits: up to kCombineRows of this warp's rows of the unit merged
-      // together, where that takes fewer rounds of loads than one row after another.
-      const int k = min(min(kCombineRows, unit.rows - r), item1 - item);
-      constexpr int kS = kCombineRowsSplits, kRowSplits = kCombineColsSplits<kCombineChunks, 8>;
-      const int row_rounds = (n + kRowSplits - 1) / kRowSplits;
-      if (k > 1 && (n + kS - 1) / kS < k * row_rounds) {
-        combine_rows<kCombineRows>(p, unit, slots, n, r, k, bmm2);
+      // together, as many as one round of the staging holds.
+      const int k = min(min(kCombineRows, unit.rows - r), min(item1 - item, kStageChunks / (kCombineChunks * n)));
+      if (k > 1) {
+        merge_rows(p, unit, slots, weight, n, r, k, bmm2, stage);
         item += k - 1;
         cur_row = -1;
         continue;
@@ -408,11 +433,11 @@ __device__ __forceinline__ void combine_splits(const MlaParams& p) {
     // Item's columns: chunk item % per_row of kHeadDimV / per_row.
     const int col0 = item % per_row * (kHeadDimV / per_row);
     if (per_row == kCombineQuarters)
-      combine_cols<1, kHeadDimV / kCombineQuarters / 32>(p, unit, slots, weight, n, r, col0, new_row, &lse, bmm2);
+      merge_item<1, true>(p, unit, slots, weight, n, r, col0, new_row, &lse, bmm2, stage);
     else if (per_row == kCombineChunks)
-      combine_cols<1, 8>(p, unit, slots, weight, n, r, col0, new_row, &lse, bmm2);
+      merge_item<1, false>(p, unit, slots, weight, n, r, col0, new_row, &lse, bmm2, stage);
     else
-      combine_cols<kCombineChunks, 8>(p, unit, slots, weight, n, r, 0, new_row, &lse, bmm2);
+      merge_row_regs(p, unit, slots, weight, n, r, new_row, &lse, bmm2);
   }
 }
 

@@ -897,7 +897,7 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
                           bmm2, [](int v) { return merge_swizzle(v); });
     }
     // The next unit reuses the stages (they hold the merge buffers; its TMA writes must come
-    // after these generic-proxy reads), Q, qexp, colmax, m and l.
+    // after these generic-proxy reads), Q, qexp, colmax (the row sums) and m.
     fence_proxy_async_smem();
     __syncthreads();
     tl_mark(kTlNUnitDone, loads);

@@ -351,8 +351,9 @@ __device__ __forceinline__ void pv_ss(float (&o)[128], uint32_t p_box, uint32_t 
 // kSteadyBody: the steady pair body below is compiled in. Without it (the _short twin, for calls
 // with few blocks per CTA) every pair runs the general body: at B8 kv4096 H128 (~4 pairs per
 // CTA) the second body's code cost more than it saved (instruction fetch: ncu's no_instruction
-// stall 5.9 against 4.8 cycles per issued instruction; 33.4 against 31.9 µs), also when it was
-// compiled in but not run, while B128 runs 5% faster with it.
+// stall 5.9 against 4.8 cycles per issued instruction, Session 22, caches flushed between
+// launches; 33.4 against 31.9 µs), also when it was compiled in but not run, while B128 runs 5%
+// faster with it.
 template <bool kReread, bool kSteadyBody = true>
 __device__ void attention_seesaw(const MlaParams& p) {
   extern __shared__ uint8_t smem_raw[];

@@ -13,6 +13,14 @@
 
 using jit_mla::MlaParams;
 
+// The merge's shared memory (CombineSmem, from the dynamic base on) fits in every kernel's.
+static_assert(sizeof(jit_mla::CombineSmem) <= jit_mla::sm90::narrow_smem_bytes<16>() &&
+                  sizeof(jit_mla::CombineSmem) <= jit_mla::sm90::narrow_fp8_smem_bytes<16>() &&
+                  sizeof(jit_mla::CombineSmem) <= jit_mla::sm90::kWideFp8SmemBytes &&
+                  sizeof(jit_mla::CombineSmem) <= jit_mla::sm90::kAttentionSmemBytes &&
+                  sizeof(jit_mla::CombineSmem) <= jit_mla::sm90::kSeesawSmemBytes,
+              "the merge's staging does not fit a kernel's shared memory");
+
 namespace {
 // What both kernels run: attention by `Attend`, then the merge of split units, between the
 // trace probe's marks (no code in the shipped cubin).
