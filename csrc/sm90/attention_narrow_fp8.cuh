@@ -781,13 +781,37 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
         tl_mark(kTlNPShared, loads);
 
         // ---- O^T += V^T P^T: e4m3 wgmmas, V^T fragments by ldmatrix .trans ------------------------
-        // kG commit groups per k-step (8 / kG tiles each), at most two in flight, so a group's A
-        // registers are free when they are rewritten.
+        // kN 16, bf16 query: every A fragment of the block first, then all 32 wgmmas in one
+        // group. Else kG commit groups per k-step (8 / kG tiles each), at most two in flight, so a
+        // group's A registers are free when they are rewritten.
         constexpr int kG = 2, kTiles = 8 / kG;
         // k32: per k-step and tile one ldmatrix (4 matrices of 8 tokens x 16 bytes, transposed) and
         // 4 byte permutes give the A fragment, no conversion (v_fragment). P holds the same token
         // order (header).
         const uint32_t vbase = smem_u32(kv);
+        if constexpr (kN == 16 && !kQ8) {
+          // Both k-steps' A fragments (64 registers) before the first PV wgmma: the ldmatrix
+          // latencies overlap, and no wgmma group waits for an earlier one to free its registers
+          // (fp8 B64 kv8192 H16 5% faster; its PC samples sat on these fragments' byte permutes).
+          // kN 32 has no registers for it; an e4m3 query (half the PV wgmmas) gained nothing.
+          // Session 26's A/B: docs/experiments/README.md.
+          uint32_t a[2][8][4];
+#pragma unroll
+          for (int s = 0; s < 2; ++s)
+#pragma unroll
+            for (int i = 0; i < 8; ++i)
+              v_fragment(vbase + voff[i & 3] + (i >> 2) * kFp8BoxBytes + s * 32 * kBoxCols, a[s][i]);
+          wgmma_fence();
+#pragma unroll
+          for (int s = 0; s < 2; ++s) {
+            const uint64_t db = desc_add(dp, s * kFp8KStepBytes);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) WgmmaRsE4m3<kN>::mma(acc[i], a[s][i], db);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) WgmmaRsE4m3<kN>::mma(acc[i], a[s][i], desc_add(db, kN * kBoxCols));
+          }
+          wgmma_commit();
+        } else
 #pragma unroll
         for (int s = 0; s < 2; ++s)
 #pragma unroll
