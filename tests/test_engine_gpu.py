@@ -24,6 +24,7 @@ import torch
 import error_log
 import jit_mla
 from mla_data import assert_close_fa3, make_case, poisoned_lse, poisoned_out
+from test_guard_bands_gpu import check_case
 from test_launcher_args import _capsule_pointer
 
 pytestmark = pytest.mark.requires_sm90a
@@ -177,14 +178,12 @@ def test_reduce_overhead_mode_captures_with_static_workspace():
 # --------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("mode", ["eager", "compiled"])
-def test_cuda_graph_replay_reads_new_lengths_and_tensor_scales(mode):
-    case = make_case(16, 2, 128, 64, 1536, device=DEV, seed=14)
+def _replay_with_new_lengths_and_scales(case, fn, label, p_dtype=torch.bfloat16):
+    """Capture one call of ``fn`` (decode_step's signature) in a CUDA graph, then replay it twice
+    with new seq_lens and new values in the scale tensors; each replay against the reference."""
     ws = _workspace(case)
     s1, s2 = _scales(case)
     out, lse = _buffers(case)
-    torch._dynamo.reset()
-    fn = decode_step if mode == "eager" else torch.compile(decode_step, fullgraph=True)
     args = _step_args(case, ws, out, lse, s1, s2)
 
     side = torch.cuda.Stream()
@@ -198,16 +197,36 @@ def test_cuda_graph_replay_reads_new_lengths_and_tensor_scales(mode):
     with torch.cuda.graph(graph):
         fn(*args)
 
-    base_scale = case.bmm1_scale
+    base_scale, kv_max = case.bmm1_scale, max(case.kv_lens)
     for i, (scale1, scale2) in enumerate([(1.7, 0.5), (0.6, 2.0)]):
-        _set_lengths(case, [1536 - (41 * (i + 1) * b) % 1500 for b in range(16)])  # 37..1536
+        _set_lengths(case, [kv_max - (41 * (i + 1) * b) % (kv_max - 36) for b in range(case.batch)])
         s1.fill_(base_scale * scale1)
         s2.fill_(scale2)
         out.fill_(float("nan"))
         lse.fill_(float("nan"))
         graph.replay()
-        case.bmm1_scale = base_scale * scale1  # what the reference must use now
-        _check(case, out, lse, bmm2=scale2, label=f"graph replay {mode} {i}")
+        torch.cuda.synchronize()
+        check_case(case, out, lse, bmm1=base_scale * scale1, bmm2=scale2, label=f"{label} {i}", p_dtype=p_dtype)
+
+
+@pytest.mark.parametrize("mode", ["eager", "compiled"])
+def test_cuda_graph_replay_reads_new_lengths_and_tensor_scales(mode):
+    case = make_case(16, 2, 128, 64, 1536, device=DEV, seed=14)
+    torch._dynamo.reset()
+    fn = decode_step if mode == "eager" else torch.compile(decode_step, fullgraph=True)
+    _replay_with_new_lengths_and_scales(case, fn, f"graph replay {mode}")
+
+
+# An fp8 cache (issue 5): the fp8 kernels read the scale tensors at run time too (the dequant
+# scales folded into them). H 16 q_len 2 runs the narrow fp8 kernels (32-row units), H 128 the
+# wide ones (64-row units); both query types.
+@pytest.mark.parametrize("q8", [False, True], ids=["q-bf16", "q-e4m3"])
+@pytest.mark.parametrize("H", [16, 128])
+def test_fp8_cuda_graph_replay_reads_new_lengths_and_tensor_scales(H, q8):
+    q_dtype = torch.float8_e4m3fn if q8 else torch.bfloat16
+    case = make_case(16, 2, H, 64, 1536, dtype=torch.float8_e4m3fn, q_dtype=q_dtype, device=DEV, seed=15 + H)
+    _replay_with_new_lengths_and_scales(case, decode_step, f"fp8 graph replay H{H} q8={q8}",
+                                        p_dtype=torch.float8_e4m3fn if q8 else torch.bfloat16)
 
 
 # --------------------------------------------------------------------------------------------
