@@ -244,6 +244,32 @@ def shape_table() -> list[Shape]:
     mixed_h16 = tuple(mixed.randint(1024, 16384) for _ in range(64))
     mixed_h128 = tuple(mixed.randint(512, 8192) for _ in range(128))
 
+    def prefill(role: str, kv_fp8: bool = False, q_fp8: bool = False) -> Shape:
+        return Shape("prefill_4x2048_kv8192_h128" + dtype_suffix(kv_fp8, q_fp8), 128, (2048,) * 4, (8192,) * 4,
+                     ragged=True, role=role, kv_fp8=kv_fp8 or q_fp8, q_fp8=q_fp8)
+
+    def mixed_rows(tag: str, kv_fp8: bool = False, q_fp8: bool = False) -> list[Shape]:
+        sfx = dtype_suffix(kv_fp8, q_fp8)
+        return [Shape("mixed_b64_kv1k_16k_h16" + sfx, 16, (1,) * 64, mixed_h16, role=f"TP8 decode, mixed lengths{tag}",
+                      kv_fp8=kv_fp8 or q_fp8, q_fp8=q_fp8),
+                Shape("mixed_b128_kv512_8k_h128" + sfx, 128, (1,) * 128, mixed_h128,
+                      role=f"TP1 decode, mixed lengths{tag}", kv_fp8=kv_fp8 or q_fp8, q_fp8=q_fp8)]
+
+    # Issue 5's "fp8 rows for its shapes": the bf16 rows above that the first fp8 rows (14-26)
+    # left out, appended so that every index above stays as the notes cite it.
+    def fp8_rest(tag: str, **dt: bool) -> list[Shape]:
+        return [
+            uniform_shape(128, 4096, 128, 2, "TP1 MTP 2" + tag, **dt),
+            uniform_shape(128, 8192, 128, 1, "TP1 decode, long" + tag, **dt),
+            uniform_shape(32, 32768, 128, 1, "TP1 decode, 32k" + tag, **dt),
+            uniform_shape(32, 4096, 128, 1, "TP1 small batch" + tag, **dt),
+            *([uniform_shape(1, 8192, 16, 1, "TP8 one request" + tag, **dt)] if dt.get("q_fp8") else []),
+            uniform_shape(1, 65536, 128, 1, "TP1 one 64k request" + tag, **dt),
+            uniform_shape(81, 4096, 128, 2, "uniform twin of the ragged row" + tag, **dt),
+            prefill("chunked prefill" + tag, **dt),
+            *mixed_rows(tag, **dt),
+        ]
+
     return [
         uniform_shape(128, 4096, 128, 1, "TP1 decode"),
         uniform_shape(128, 4096, 128, 2, "TP1 MTP 2"),
@@ -260,8 +286,7 @@ def shape_table() -> list[Shape]:
         # Issue 4's "ragged within 10% of the uniform shape with the same number of tokens": the
         # seeded draft lengths above sum to 162 = 81 requests x 2 tokens (asserted in the tests).
         uniform_shape(81, 4096, 128, 2, "uniform twin of the ragged row (162 tokens)"),
-        Shape("prefill_4x2048_kv8192_h128", 128, (2048,) * 4, (8192,) * 4, ragged=True,
-              role="chunked prefill"),
+        prefill("chunked prefill"),
         # fp8 e4m3 KV cache, bf16 query (issue 5)
         uniform_shape(64, 8192, 16, 1, "TP8 decode, fp8 KV", kv_fp8=True),
         uniform_shape(128, 4096, 16, 2, "TP8 MTP 2, fp8 KV", kv_fp8=True),
@@ -278,8 +303,10 @@ def shape_table() -> list[Shape]:
         uniform_shape(8, 4096, 128, 1, "TP1 batch 8, fp8 q + KV", q_fp8=True),
         spec("ragged spec decode, fp8 q + KV", q_fp8=True),
         # mixed KV lengths (appended: the indices above stay as the notes cite them)
-        Shape("mixed_b64_kv1k_16k_h16", 16, (1,) * 64, mixed_h16, role="TP8 decode, mixed lengths"),
-        Shape("mixed_b128_kv512_8k_h128", 128, (1,) * 128, mixed_h128, role="TP1 decode, mixed lengths"),
+        *mixed_rows(""),
+        # the other shapes with an fp8 cache (29-37), then with an e4m3 query too (38-47)
+        *fp8_rest(", fp8 KV", kv_fp8=True),
+        *fp8_rest(", fp8 q + KV", q_fp8=True),
     ]
 
 
@@ -396,7 +423,7 @@ def markdown_table(result: dict) -> str:
     return "\n".join(lines)
 
 
-RAGGED_TWINS = (("spec_b64_q1to4_kv4096_h128", "b81_kv4096_h128_q2"),)
+RAGGED_TWINS = tuple((f"spec_b64_q1to4_kv4096_h128{t}", f"b81_kv4096_h128_q2{t}") for t in ("", "_fp8", "_fp8q"))
 
 
 def ragged_twin_lines(rows: Sequence[dict]) -> list[str]:

@@ -10,8 +10,9 @@
 # (200 examples), the four sanitizers, the main job, the full benchmark with FlashInfer (JSON +
 # PNG under $LOGS/results, labelled COMMIT), then `ab.py run --rounds 2 VARIANT...`. Everything is packed
 # into $OUT/all.tgz after the benchmark and again at the end, so a run cut short still returns
-# its logs. About 4 minutes without variants (suite ~80 s, fuzz ~25 s, sanitizers ~45 s,
-# benchmark ~30 s, start-up); each variant adds ~80 s (two rounds of main and it, all shapes).
+# its logs. About 6 minutes without variants (suite ~125 s, fuzz ~35 s, sanitizers ~55 s,
+# benchmark ~75 s at 29 rows (Session 26; 48 rows since Session 27), start-up); each variant adds
+# ~80 s (two rounds of main and it, all shapes).
 set -u
 commit="${1:?usage: validate_gpu.sh COMMIT [VARIANT...]}"
 shift
@@ -39,7 +40,7 @@ step suite 240 python3 -m pytest -q "${suite[@]}"
 JIT_MLA_FUZZ_EXAMPLES=200 step fuzz 150 python3 -m pytest -q -s tests/test_fuzz_gpu.py
 OUT="$logs/san" step san 180 bash tests/gpu_sanitize.sh
 step main_job 90 python3 -m jit_mla
-step bench 240 python3 benchmarks/bench_mla.py --out-dir "$logs/results" --commit "$commit"
+step bench 420 python3 benchmarks/bench_mla.py --out-dir "$logs/results" --commit "$commit"
 pack
 if [[ $# -gt 0 ]]; then
   step ab $((60 + 100 * $#)) python3 benchmarks/ab.py run --rounds 2 "$@"
