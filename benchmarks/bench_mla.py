@@ -215,17 +215,17 @@ def dtype_suffix(kv_fp8: bool, q_fp8: bool) -> str:
     return "_fp8q" if q_fp8 else "_fp8" if kv_fp8 else ""
 
 
+def typed_shape(name: str, num_heads: int, q_lens: tuple, kv_lens: tuple, role: str, kv_fp8: bool = False,
+                q_fp8: bool = False, ragged: bool = False) -> Shape:
+    """A row in one of the three dtypes: its name tagged (dtype_suffix); an e4m3 query implies an fp8 cache."""
+    return Shape(name + dtype_suffix(kv_fp8, q_fp8), num_heads, q_lens, kv_lens, ragged=ragged, role=role,
+                 kv_fp8=kv_fp8 or q_fp8, q_fp8=q_fp8)
+
+
 def uniform_shape(batch: int, kv_len: int, num_heads: int, q_len: int, role: str = "", kv_fp8: bool = False,
                   q_fp8: bool = False) -> Shape:
-    return Shape(
-        name=f"b{batch}_kv{kv_len}_h{num_heads}_q{q_len}" + dtype_suffix(kv_fp8, q_fp8),
-        num_heads=num_heads,
-        q_lens=(q_len,) * batch,
-        kv_lens=(kv_len,) * batch,
-        role=role,
-        kv_fp8=kv_fp8 or q_fp8,
-        q_fp8=q_fp8,
-    )
+    return typed_shape(f"b{batch}_kv{kv_len}_h{num_heads}_q{q_len}", num_heads, (q_len,) * batch, (kv_len,) * batch,
+                       role, kv_fp8, q_fp8)
 
 
 def shape_table() -> list[Shape]:
@@ -233,9 +233,8 @@ def shape_table() -> list[Shape]:
     rng = random.Random(SPEC_SEED)
     spec_q = tuple(rng.randint(1, 4) for _ in range(64))
 
-    def spec(role: str, kv_fp8: bool = False, q_fp8: bool = False) -> Shape:  # ragged spec decode rows
-        return Shape("spec_b64_q1to4_kv4096_h128" + dtype_suffix(kv_fp8, q_fp8), 128, spec_q, (4096,) * 64,
-                     ragged=True, role=role, kv_fp8=kv_fp8 or q_fp8, q_fp8=q_fp8)
+    def spec(role: str, **dt: bool) -> Shape:  # ragged spec decode rows
+        return typed_shape("spec_b64_q1to4_kv4096_h128", 128, spec_q, (4096,) * 64, role, ragged=True, **dt)
 
     # A serving batch's requests differ in length: every row above has equal ones, which the
     # planner splits in equal pieces (no CTA ends one request and starts another); these run the
@@ -244,16 +243,14 @@ def shape_table() -> list[Shape]:
     mixed_h16 = tuple(mixed.randint(1024, 16384) for _ in range(64))
     mixed_h128 = tuple(mixed.randint(512, 8192) for _ in range(128))
 
-    def prefill(role: str, kv_fp8: bool = False, q_fp8: bool = False) -> Shape:
-        return Shape("prefill_4x2048_kv8192_h128" + dtype_suffix(kv_fp8, q_fp8), 128, (2048,) * 4, (8192,) * 4,
-                     ragged=True, role=role, kv_fp8=kv_fp8 or q_fp8, q_fp8=q_fp8)
+    def prefill(role: str, **dt: bool) -> Shape:
+        return typed_shape("prefill_4x2048_kv8192_h128", 128, (2048,) * 4, (8192,) * 4, role, ragged=True, **dt)
 
-    def mixed_rows(tag: str, kv_fp8: bool = False, q_fp8: bool = False) -> list[Shape]:
-        sfx = dtype_suffix(kv_fp8, q_fp8)
-        return [Shape("mixed_b64_kv1k_16k_h16" + sfx, 16, (1,) * 64, mixed_h16, role=f"TP8 decode, mixed lengths{tag}",
-                      kv_fp8=kv_fp8 or q_fp8, q_fp8=q_fp8),
-                Shape("mixed_b128_kv512_8k_h128" + sfx, 128, (1,) * 128, mixed_h128,
-                      role=f"TP1 decode, mixed lengths{tag}", kv_fp8=kv_fp8 or q_fp8, q_fp8=q_fp8)]
+    def mixed_rows(tag: str, **dt: bool) -> list[Shape]:
+        return [typed_shape("mixed_b64_kv1k_16k_h16", 16, (1,) * 64, mixed_h16, "TP8 decode, mixed lengths" + tag,
+                            **dt),
+                typed_shape("mixed_b128_kv512_8k_h128", 128, (1,) * 128, mixed_h128, "TP1 decode, mixed lengths" + tag,
+                            **dt)]
 
     # Issue 5's "fp8 rows for its shapes": the bf16 rows above that the first fp8 rows (14-26)
     # left out, appended so that every index above stays as the notes cite it.
