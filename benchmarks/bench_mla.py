@@ -363,14 +363,27 @@ def add_roofline(row: dict, ceilings: dict) -> None:
     mm = ceilings["matmul_tflops"] * 1e12
     row["roofline_us"] = roofline_seconds(row["bytes"], row["flops"], copy, mm) * 1e6
     row["bound"] = "memory" if row["bytes"] / copy >= row["flops"] / mm else "compute"
+    # The memory term apart, and the sustained matmul's rate per GHz of SM clock (smi_sampler),
+    # so that perf_fields can put the compute term at the clock a row ran at.
+    row["roofline_memory_us"] = row["bytes"] / copy * 1e6
+    per_ghz = (ceilings.get("matmul_sustained") or {}).get("tflops_per_ghz")
+    if per_ghz:
+        row["matmul_tflops_per_ghz"] = per_ghz
 
 
-def perf_fields(row: dict, us: float) -> dict:
-    """TB/s, TFLOP/s and % of roofline for a per-call time in microseconds."""
+def perf_fields(row: dict, us: float, sm_mhz: Optional[float] = None) -> dict:
+    """TB/s, TFLOP/s and % of roofline for a per-call time in microseconds. With the SM clock the
+    row ran at (and the sustained matmul's rate per GHz in the row), also % of the roofline at
+    that clock: the matmul rate at sm_mhz, the copy bandwidth as it is (HBM has its own clock)."""
     s = us * 1e-6
     out = {"us": us, "tbps": row["bytes"] / s / 1e12, "tflops": row["flops"] / s / 1e12}
     if "roofline_us" in row:
         out["pct_roofline"] = 100.0 * row["roofline_us"] / us
+    per_ghz = row.get("matmul_tflops_per_ghz")
+    if sm_mhz and per_ghz and "roofline_memory_us" in row:
+        at_clock = max(row["roofline_memory_us"], row["flops"] / (per_ghz * sm_mhz * 1e-3 * 1e12) * 1e6)
+        out["roofline_at_clock_us"] = at_clock
+        out["pct_roofline_at_clock"] = 100.0 * at_clock / us
     return out
 
 
@@ -404,8 +417,9 @@ def _fmt(x: Optional[float], spec: str) -> str:
 
 def markdown_table(result: dict) -> str:
     lines = [
-        "| # | shape | bound | ours µs | TB/s | TFLOP/s | % roof | FI µs | FI % roof | FI/ours |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| # | shape | bound | ours µs | TB/s | TFLOP/s | % roof | FI µs | FI % roof | FI/ours | "
+        "MHz ours / FI | % roof at clock ours / FI |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in result.get("rows", []):
         ours = row.get("ours") or {}
@@ -415,7 +429,9 @@ def markdown_table(result: dict) -> str:
             f"| {row['index']} | {row['name']} | {row.get('bound', '?')[:3]} | {_fmt(ours.get('us'), '.1f')} | "
             f"{_fmt(ours.get('tbps'), '.2f')} | {_fmt(ours.get('tflops'), '.0f')} | "
             f"{_fmt(ours.get('pct_roofline'), '.1f')} | {_fmt(fi.get('us'), '.1f')} | "
-            f"{_fmt(fi.get('pct_roofline'), '.1f')} | {_fmt(ratio, '.2f')} |"
+            f"{_fmt(fi.get('pct_roofline'), '.1f')} | {_fmt(ratio, '.2f')} | "
+            f"{_fmt(ours.get('sm_mhz'), '.0f')} / {_fmt(fi.get('sm_mhz'), '.0f')} | "
+            f"{_fmt(ours.get('pct_roofline_at_clock'), '.1f')} / {_fmt(fi.get('pct_roofline_at_clock'), '.1f')} |"
         )
     return "\n".join(lines)
 
@@ -451,6 +467,12 @@ def summary_lines(result: dict) -> list[str]:
             f"ceilings{' (assumed)' if c.get('assumed') else ''}: copy {c['copy_tbps']:.2f} TB/s, "
             f"read {c['read_tbps']:.2f} TB/s, bf16 matmul {c['matmul_tflops']:.0f} TFLOP/s"
         )
+        mm = c.get("matmul_sustained") or {}
+        if mm.get("tflops_per_ghz"):
+            lines.append(f"sustained matmul ({mm['seconds']:.1f} s of back-to-back 8192^3): {mm['tflops']:.0f} TFLOP/s "
+                         f"at {mm['sm_mhz']:.0f} MHz ({mm['power_w']:.0f} W; median of {mm['clock_samples']} "
+                         f"nvidia-smi samples) = {mm['tflops_per_ghz']:.0f} TFLOP/s per GHz; each row's SM clock "
+                         f"in the table, and % of the roofline with the matmul at that clock")
     h = result.get("host_overhead") or {}
     if "api_median_us" in h:
         parts = [f"api {h['api_median_us']:.1f} µs/call (median host time)"]
@@ -576,6 +598,8 @@ class Bench:
         self.quick = quick
         # graph replays per measurement: enough for about target_s of replays, within [lo, hi]
         self.target_s, self.min_replays, self.max_replays = (0.1, 5, 60) if quick else (1.0, 20, 1000)
+        self.sampler = None  # smi_sampler.SmiSampler, set by run_gpu when nvidia-smi is there
+        self.last_window: Optional[tuple[float, float]] = None  # time.monotonic() of the last timing
 
     # ---- timing ---------------------------------------------------------------------------------
 
@@ -587,12 +611,18 @@ class Bench:
         torch.cuda.synchronize()
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        t0 = time.monotonic()
         for s, e in zip(starts, ends):
             s.record()
             fn()
             e.record()
         torch.cuda.synchronize()
+        self.last_window = (t0, time.monotonic())
         return [s.elapsed_time(e) for s, e in zip(starts, ends)]
+
+    def clock_fields(self) -> dict:
+        """The SM clock and power inside the last timed window ({} without a sampler)."""
+        return self.sampler.window(*self.last_window) if self.sampler and self.last_window else {}
 
     def time_graph(self, calls: Sequence[Callable[[], object]]) -> dict:
         """Capture the calls into one graph, replay it; per-call µs = median replay / len(calls)."""
@@ -618,7 +648,7 @@ class Bench:
         n = len(calls)
         q = lambda p: ms[min(len(ms) - 1, int(p * (len(ms) - 1) + 0.5))] * 1e3 / n  # noqa: E731
         return {"us": statistics.median(ms) * 1e3 / n, "p10_us": q(0.1), "p90_us": q(0.9),
-                "replays": replays, "calls_per_replay": n}
+                "replays": replays, "calls_per_replay": n, **self.clock_fields()}
 
     def free(self) -> None:
         import gc
@@ -644,6 +674,7 @@ class Bench:
         res["copy"] = self._copy_ceiling(4 * GIB, reps)
         res["read"] = self._read_ceiling(8 * GIB, reps)
         res["matmul"] = self._matmul_ceiling(8192, 30 if self.quick else 100)
+        res["matmul_sustained"] = self._matmul_sustained(8192, 0.3 if self.quick else 1.5)
         res["copy_tbps"] = res["copy"]["tbps"]
         res["read_tbps"] = res["read"]["tbps"]
         res["matmul_tflops"] = res["matmul"]["tflops"]
@@ -680,6 +711,26 @@ class Bench:
         flops = 2 * n**3
         return {"op": "torch.mm bf16, N(0,1) data", "m=n=k": n, "median_ms": statistics.median(ms),
                 "tflops": flops / (statistics.median(ms) * 1e-3) / 1e12, "best_tflops": flops / (min(ms) * 1e-3) / 1e12}
+
+    def _matmul_sustained(self, n: int, seconds: float) -> dict:
+        """The bf16 matmul run back to back for `seconds` (a full run times each shape for about
+        1 s, in which a compute-bound kernel settles at the clock the 700 W limit allows), with the
+        SM clock inside that window: TFLOP/s per GHz, for the rows' % of roofline at their clock.
+        The headline ceiling stays the 100-matmul median above (the issue's anchors used it)."""
+        torch = self.torch
+        a, b = self.randn((n, n)), self.randn((n, n))
+        c = torch.empty((n, n), dtype=torch.bfloat16, device=self.dev)
+        reps = max(10, math.ceil(seconds / 1.6e-3))  # ~1.6 ms per 8192^3 on an H200
+        ms = self.time_events(lambda: torch.mm(a, b, out=c), warmup=10, reps=reps)
+        clock = self.clock_fields()
+        a = b = c = None
+        self.free()
+        tflops = 2 * n**3 / (statistics.median(ms) * 1e-3) / 1e12
+        out = {"op": "torch.mm bf16, N(0,1) data, back to back", "m=n=k": n, "reps": reps, "seconds": sum(ms) * 1e-3,
+               "tflops": tflops, **clock}
+        if clock.get("sm_mhz"):
+            out["tflops_per_ghz"] = tflops / (clock["sm_mhz"] * 1e-3)
+        return out
 
     # ---- data -----------------------------------------------------------------------------------
 
@@ -874,7 +925,7 @@ class Bench:
             ours_calls = self.our_calls(shape, data)
             try:
                 t = self.time_graph(ours_calls)
-                row["ours"] = {**perf_fields(row, t["us"]), **t}
+                row["ours"] = {**perf_fields(row, t["us"], t.get("sm_mhz")), **t}
                 if not bool(torch.isfinite(data["outs"][0]).all()):
                     row["ours"]["error"] = "non-finite values in the output"
             except Exception as e:  # noqa: BLE001 - one shape's failure must not end the run
@@ -896,7 +947,7 @@ class Bench:
                 return
             try:
                 t = self.time_graph(fi_calls)
-                row["flashinfer"] = {**perf_fields(row, t["us"]), **t}
+                row["flashinfer"] = {**perf_fields(row, t["us"], t.get("sm_mhz")), **t}
             except Exception as e:  # noqa: BLE001
                 row["flashinfer"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
                 return
@@ -922,12 +973,26 @@ def save(result: dict, json_path: Path) -> None:
 def run_gpu(args, shapes: list[Shape], all_shapes: list[Shape]) -> int:
     import torch
 
+    from smi_sampler import SmiSampler  # benchmarks/ is on sys.path: this script's folder
+
     if not torch.cuda.is_available():
         print("no CUDA device: use --dry-run on a CPU-only machine", file=sys.stderr)
         return 2
     bench = Bench(args.quick)
     props = torch.cuda.get_device_properties(bench.dev)
     uuid = str(getattr(props, "uuid", "") or "") or None
+    bench.sampler = SmiSampler.start(uuid)
+    try:
+        return run_all(args, shapes, all_shapes, bench, props, uuid)
+    finally:
+        if bench.sampler:
+            bench.sampler.close()
+
+
+def run_all(args, shapes: list[Shape], all_shapes: list[Shape], bench: Bench, props, uuid: Optional[str]) -> int:
+    """Ceilings, host overhead and every shape, into the JSON and PNG (run_gpu's body)."""
+    import torch
+
     sha, dirty = (args.commit, None) if args.commit else git_commit()
     now = datetime.datetime.now(datetime.timezone.utc)
     result: dict = {

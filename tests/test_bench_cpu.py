@@ -69,6 +69,37 @@ def test_bytes_and_flops_by_hand_tp8_mtp4(bench):
     assert row["roofline_us"] == pytest.approx(612_892_672 / 4e12 * 1e6)
 
 
+def test_roofline_at_the_rows_clock(bench):
+    """The compute term at the row's SM clock from the sustained matmul's rate per GHz; the copy
+    term as it is."""
+    s = _by_name(bench, "b128_kv4096_h128_q1")
+    row = bench.shape_row(0, s)
+    ceilings = {"copy_tbps": 4.0, "matmul_tflops": 800.0, "matmul_sustained": {"tflops_per_ghz": 400.0}}
+    bench.add_roofline(row, ceilings)
+    assert row["matmul_tflops_per_ghz"] == 400.0
+    perf = bench.perf_fields(row, 200.0, sm_mhz=1650.0)
+    compute_us = 146_028_888_064 / (400e12 * 1.65) * 1e6
+    assert perf["roofline_at_clock_us"] == pytest.approx(compute_us)
+    assert perf["pct_roofline_at_clock"] == pytest.approx(100 * compute_us / 200.0)
+    assert "pct_roofline_at_clock" not in bench.perf_fields(row, 200.0)  # no clock for the row
+    # memory-bound at the row's clock: the copy term stays
+    s = _by_name(bench, "b64_kv8192_h16_q1")
+    row = bench.shape_row(4, s)
+    bench.add_roofline(row, ceilings)
+    perf = bench.perf_fields(row, 200.0, sm_mhz=1650.0)
+    assert perf["roofline_at_clock_us"] == pytest.approx(row["roofline_us"])
+
+
+def test_smi_sampler_lines_and_windows():
+    smi = _load("smi_sampler")
+    assert smi.parse_line("1755, 690.21\n") == (1755.0, 690.21)
+    assert smi.parse_line("[N/A], 80.5") is None and smi.parse_line("garbage") is None
+    samples = [(0.0, 1980.0, 300.0), (1.0, 1700.0, 690.0), (1.1, 1720.0, 700.0), (1.2, 1740.0, 695.0),
+               (3.0, 1980.0, 200.0)]
+    assert smi.window_stats(samples, 0.95, 1.25) == {"sm_mhz": 1720.0, "power_w": 695.0, "clock_samples": 3}
+    assert smi.window_stats(samples, 1.5, 2.5) == {}
+
+
 def test_visible_flops_follow_the_bottom_right_causal_mask(bench):
     # q_len 2 on kv 5: token 0 sees keys 0..3 (4), token 1 sees 0..4 (5): 9 keys per head
     s = bench.Shape("t", 16, (2,), (5,))
@@ -136,7 +167,7 @@ def test_report_from_json_without_a_gpu(bench, tmp_path, capsys):
     result = {"gpu": {"name": "test"}, "git_commit": "0" * 40, "ceilings": ceilings, "rows": [row]}
     table = bench.markdown_table(result)
     assert table.splitlines()[-1].startswith("| 4 | b64_kv8192_h16_q1 | mem | 200.0 |")
-    assert table.splitlines()[-1].endswith("| n/a | n/a | n/a |")
+    assert table.splitlines()[-1].endswith("| n/a | n/a | n/a | n/a / n/a | n/a / n/a |")
     path = tmp_path / "r.json"
     path.write_text(json.dumps(result))
     assert bench.main(["--replot", str(path), "--out-dir", str(tmp_path)]) == 0

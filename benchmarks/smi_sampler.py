@@ -1,0 +1,98 @@
+"""The GPU's SM clock and power over a benchmark run, sampled by `nvidia-smi --loop-ms` in a thread.
+
+Why: the H200 runs under a 700 W limit, so a compute-bound kernel runs at whatever SM clock its
+power draw allows (p10 against median of one row's replays: 238 against 268 µs at B128 kv4096
+H128, 2026-12-02), and the matmul ceiling measured at the start of the run may have had another.
+The benchmark asks for the median clock inside each timed window and scales the matmul rate by
+the ratio of the two clocks (tensor work per clock is fixed), next to the plain % of roofline.
+
+    sampler = SmiSampler.start(uuid)      # None when nvidia-smi is not there
+    t0 = time.monotonic(); ...timed work...; t1 = time.monotonic()
+    sampler.window(t0, t1)                # {"sm_mhz": 1755.0, "power_w": 690.2, "clock_samples": 9}
+    sampler.close()
+"""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import threading
+import time
+from typing import Optional
+
+PERIOD_MS = 100  # a 1 s window of replays gets ~10 samples; a quick run's 0.1 s one or two
+
+
+def parse_line(line: str) -> Optional[tuple[float, float]]:
+    """'1755, 690.21' (clocks.sm MHz, power.draw W; csv, noheader, nounits) -> (1755.0, 690.21)."""
+    parts = [p.strip() for p in line.split(",")]
+    if len(parts) != 2:
+        return None
+    try:
+        return float(parts[0]), float(parts[1])
+    except ValueError:  # "[N/A]", "[Not Supported]"
+        return None
+
+
+def window_stats(samples: list[tuple[float, float, float]], t0: float, t1: float) -> dict:
+    """Medians of the (time, MHz, W) samples taken in [t0, t1]; {} when there are none."""
+    inside = [s for s in samples if t0 <= s[0] <= t1]
+    if not inside:
+        return {}
+    return {"sm_mhz": statistics.median(s[1] for s in inside),
+            "power_w": statistics.median(s[2] for s in inside),
+            "clock_samples": len(inside)}
+
+
+class SmiSampler:
+    """One `nvidia-smi` process printing clocks.sm and power.draw every PERIOD_MS; a daemon thread
+    stamps each line with time.monotonic() as it arrives."""
+
+    def __init__(self, proc: subprocess.Popen):
+        self.proc = proc
+        self.samples: list[tuple[float, float, float]] = []
+        self.lock = threading.Lock()
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    @classmethod
+    def start(cls, uuid: Optional[str] = None) -> Optional["SmiSampler"]:
+        """A running sampler of this GPU (by UUID when given), or None without nvidia-smi output."""
+        cmd = ["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits",
+               f"--loop-ms={PERIOD_MS}"]
+        ids = [f"--id={uuid if uuid.startswith('GPU-') else 'GPU-' + uuid}"] if uuid else []
+        for extra in ([ids, []] if ids else [[]]):
+            try:
+                proc = subprocess.Popen(cmd[:1] + extra + cmd[1:], stdout=subprocess.PIPE,
+                                        stderr=subprocess.DEVNULL, text=True)
+            except OSError:
+                return None
+            sampler = cls(proc)
+            deadline = time.monotonic() + 3.0
+            while time.monotonic() < deadline and not sampler.samples and proc.poll() is None:
+                time.sleep(0.05)
+            if sampler.samples:
+                return sampler
+            sampler.close()
+        return None
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            s = parse_line(line)
+            if s is not None:
+                with self.lock:
+                    self.samples.append((time.monotonic(), *s))
+
+    def window(self, t0: float, t1: float) -> dict:
+        with self.lock:
+            samples = list(self.samples)
+        return window_stats(samples, t0, t1)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
