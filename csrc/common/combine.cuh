@@ -32,6 +32,7 @@ constexpr int kCombineCols = 32 * 8;                      // 256 columns: 8 bf16
 constexpr int kCombineChunks = kHeadDimV / kCombineCols;  // 2 per row
 constexpr int kCombineQuarters = 4;                       // 128-column items: two splits per warp step
 constexpr int kCombineRows = 4;                           // whole rows merged together, at most
+constexpr int kCombineRowLanes = 32 / kCombineRows;       // merge_rows: lanes per row, one split each
 // A warp's staging: 16-byte chunks per lane (12 KiB per warp). A round of copies fills it: 12
 // splits of a whole row, 24 of a 256-column item, 48 of a 128-column one.
 constexpr int kStageChunks = 24;
@@ -304,7 +305,7 @@ __device__ __forceinline__ void merge_row_regs(const MlaParams& p, const Unit& u
 // NaN, row_weights' fmaxf from -inf gives lse -inf, this NaN; n <= 6 here.
 __device__ __forceinline__ void merge_rows(const MlaParams& p, const Unit& unit, const int* slots, float* weight,
                                            int n, int r0, int k, float bmm2, uint4 (*stage)[32]) {
-  constexpr int kSeg = 32 / kCombineRows;  // lanes per row
+  constexpr int kSeg = kCombineRowLanes;
   const int lane = threadIdx.x & 31;
   stage_partials<kCombineChunks, false>(p, slots, 0, n, r0, k, 0, stage);
   const int mine_i = lane / kSeg, mine_j = lane % kSeg;
@@ -415,7 +416,7 @@ __device__ __forceinline__ void combine_splits(const MlaParams& p) {
       n = lookup_unit(p, u, slots, &unit);
     }
     if (n == 0 || r >= unit.rows) continue;
-    if (per_row == 1 && n <= 32 / kCombineRows) {
+    if (per_row == 1 && n <= kCombineRowLanes) {
       // Whole rows, few splits: up to kCombineRows of this warp's rows of the unit merged
       // together, as many as one round of the staging holds.
       const int k = min(min(kCombineRows, unit.rows - r), min(item1 - item, kStageChunks / (kCombineChunks * n)));

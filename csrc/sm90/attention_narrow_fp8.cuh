@@ -659,9 +659,9 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
         // cp.async: every thread its token's, once QK^T is done (loaded before, it was spilled
         // across QK^T and waited for at once).
         constexpr bool kPagesLate = kTma && !(kN == 16 && kQ8);
+        const auto tma_refill_page = [&] { return tw < 32 && refill ? block_pages(p, bt_row, kb + 4, kv_len) : p.num_pages; };
         int refill_page = p.num_pages;
-        if constexpr (kTma && !kPagesLate)
-          refill_page = tw < 32 && refill ? block_pages(p, bt_row, kb + 4, kv_len) : p.num_pages;
+        if constexpr (kTma && !kPagesLate) refill_page = tma_refill_page();
         tl_mark(kTlNBlockStart, loads);
 
         // ---- S^T = K [Q_hi; Q_lo]^T (kQ8: K Q^T): fp8 wgmmas straight from the stage, 2 k-steps per box
@@ -686,8 +686,7 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
           }
         }
         wgmma_commit();
-        if constexpr (kPagesLate)
-          refill_page = tw < 32 && refill ? block_pages(p, bt_row, kb + 4, kv_len) : p.num_pages;
+        if constexpr (kPagesLate) refill_page = tma_refill_page();
         wgmma_wait<0>();
         tl_mark(kTlNQkDone, loads);
         if constexpr (!kTma) refill_page = refill ? token_page(p, bt_row, kb + 4, kv_len) : p.num_pages;
@@ -818,29 +817,30 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
             for (int i = 0; i < 8; ++i) WgmmaRsE4m3<kN>::mma(acc[i], a[s][i], desc_add(db, kN * kBoxCols));
           }
           wgmma_commit();
-        } else
+        } else {
 #pragma unroll
-        for (int s = 0; s < 2; ++s)
+          for (int s = 0; s < 2; ++s)
 #pragma unroll
-          for (int g = 0; g < kG; ++g) {
-            if (kG * s + g >= 2) wgmma_wait<1>();
-            uint32_t a[kTiles][4];
+            for (int g = 0; g < kG; ++g) {
+              if (kG * s + g >= 2) wgmma_wait<1>();
+              uint32_t a[kTiles][4];
 #pragma unroll
-            for (int x = 0; x < kTiles; ++x) {
-              const int i = kTiles * g + x;
-              v_fragment(vbase + voff[i & 3] + (i >> 2) * kFp8BoxBytes + s * 32 * kBoxCols, a[x]);
+              for (int x = 0; x < kTiles; ++x) {
+                const int i = kTiles * g + x;
+                v_fragment(vbase + voff[i & 3] + (i >> 2) * kFp8BoxBytes + s * 32 * kBoxCols, a[x]);
+              }
+              wgmma_fence();
+              const uint64_t db = desc_add(dp, s * kFp8KStepBytes);
+#pragma unroll
+              for (int x = 0; x < kTiles; ++x) WgmmaRsE4m3<kN>::mma(acc[kTiles * g + x], a[x], db);
+              if constexpr (!kQ8) {  // the lo rows, kN rows (kN / 8 atoms of 512 bytes) further
+#pragma unroll
+                for (int x = 0; x < kTiles; ++x)
+                  WgmmaRsE4m3<kN>::mma(acc[kTiles * g + x], a[x], desc_add(db, kN * kBoxCols));
+              }
+              wgmma_commit();
             }
-            wgmma_fence();
-            const uint64_t db = desc_add(dp, s * kFp8KStepBytes);
-#pragma unroll
-            for (int x = 0; x < kTiles; ++x) WgmmaRsE4m3<kN>::mma(acc[kTiles * g + x], a[x], db);
-            if constexpr (!kQ8) {  // the lo rows, kN rows (kN / 8 atoms of 512 bytes) further
-#pragma unroll
-              for (int x = 0; x < kTiles; ++x)
-                WgmmaRsE4m3<kN>::mma(acc[kTiles * g + x], a[x], desc_add(db, kN * kBoxCols));
-            }
-            wgmma_commit();
-          }
+        }
         // Every thread's loads of this stage are done: block kb + 4 may land in it.
         wg_barrier(wg);
         if constexpr (kTma) {

@@ -2,6 +2,8 @@
 // (cudaLibraryGetKernel; its kKernelInfo table lists them). Each CTA plans the splits first, runs its
 // share, then merges split units with the other CTAs (cooperative launch). Built by
 // `python -m jit_mla build --cubins`.
+#include <algorithm>
+
 #include "../common/combine.cuh"
 #include "../common/params.h"
 #include "../common/probe.h"
@@ -14,11 +16,10 @@
 using jit_mla::MlaParams;
 
 // The merge's shared memory (CombineSmem, from the dynamic base on) fits in every kernel's.
-static_assert(sizeof(jit_mla::CombineSmem) <= jit_mla::sm90::narrow_smem_bytes<16>() &&
-                  sizeof(jit_mla::CombineSmem) <= jit_mla::sm90::narrow_fp8_smem_bytes<16>() &&
-                  sizeof(jit_mla::CombineSmem) <= jit_mla::sm90::kWideFp8SmemBytes &&
-                  sizeof(jit_mla::CombineSmem) <= jit_mla::sm90::kAttentionSmemBytes &&
-                  sizeof(jit_mla::CombineSmem) <= jit_mla::sm90::kSeesawSmemBytes,
+static_assert(sizeof(jit_mla::CombineSmem) <=
+                  std::min({jit_mla::sm90::narrow_smem_bytes<16>(), jit_mla::sm90::narrow_fp8_smem_bytes<16>(),
+                            jit_mla::sm90::kWideFp8SmemBytes, jit_mla::sm90::kAttentionSmemBytes,
+                            jit_mla::sm90::kSeesawSmemBytes}),
               "the merge's staging does not fit a kernel's shared memory");
 
 namespace {
