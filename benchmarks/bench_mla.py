@@ -371,15 +371,24 @@ def add_roofline(row: dict, ceilings: dict) -> None:
         row["matmul_tflops_per_ghz"] = per_ghz
 
 
-def perf_fields(row: dict, us: float, sm_mhz: Optional[float] = None) -> dict:
+# Fewer nvidia-smi samples than this in a timed window (100 ms apart) give no % at clock: a
+# window that starts on an idle card reads its boost clock in the first samples (B128 kv4096
+# H128, 3 samples: 1,980 MHz, 164 W, while the matmul beside it settles at 1,545 MHz, 632 W).
+MIN_CLOCK_SAMPLES = 5
+
+
+def perf_fields(row: dict, us: float, clock: Optional[dict] = None) -> dict:
     """TB/s, TFLOP/s and % of roofline for a per-call time in microseconds. With the SM clock the
-    row ran at (and the sustained matmul's rate per GHz in the row), also % of the roofline at
-    that clock: the matmul rate at sm_mhz, the copy bandwidth as it is (HBM has its own clock)."""
+    row ran at (clock: smi_sampler's window, >= MIN_CLOCK_SAMPLES samples) and the sustained
+    matmul's rate per GHz in the row, also % of the roofline at that clock: the matmul rate at
+    that clock, the copy bandwidth as it is (HBM has its own clock)."""
     s = us * 1e-6
     out = {"us": us, "tbps": row["bytes"] / s / 1e12, "tflops": row["flops"] / s / 1e12}
     if "roofline_us" in row:
         out["pct_roofline"] = 100.0 * row["roofline_us"] / us
     per_ghz = row.get("matmul_tflops_per_ghz")
+    clock = clock or {}
+    sm_mhz = clock.get("sm_mhz") if clock.get("clock_samples", 0) >= MIN_CLOCK_SAMPLES else None
     if sm_mhz and per_ghz and "roofline_memory_us" in row:
         at_clock = max(row["roofline_memory_us"], row["flops"] / (per_ghz * sm_mhz * 1e-3 * 1e12) * 1e6)
         out["roofline_at_clock_us"] = at_clock
@@ -925,7 +934,7 @@ class Bench:
             ours_calls = self.our_calls(shape, data)
             try:
                 t = self.time_graph(ours_calls)
-                row["ours"] = {**perf_fields(row, t["us"], t.get("sm_mhz")), **t}
+                row["ours"] = {**perf_fields(row, t["us"], t), **t}
                 if not bool(torch.isfinite(data["outs"][0]).all()):
                     row["ours"]["error"] = "non-finite values in the output"
             except Exception as e:  # noqa: BLE001 - one shape's failure must not end the run
@@ -947,7 +956,7 @@ class Bench:
                 return
             try:
                 t = self.time_graph(fi_calls)
-                row["flashinfer"] = {**perf_fields(row, t["us"], t.get("sm_mhz")), **t}
+                row["flashinfer"] = {**perf_fields(row, t["us"], t), **t}
             except Exception as e:  # noqa: BLE001
                 row["flashinfer"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
                 return

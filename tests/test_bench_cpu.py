@@ -77,16 +77,19 @@ def test_roofline_at_the_rows_clock(bench):
     ceilings = {"copy_tbps": 4.0, "matmul_tflops": 800.0, "matmul_sustained": {"tflops_per_ghz": 400.0}}
     bench.add_roofline(row, ceilings)
     assert row["matmul_tflops_per_ghz"] == 400.0
-    perf = bench.perf_fields(row, 200.0, sm_mhz=1650.0)
+    clock = {"sm_mhz": 1650.0, "clock_samples": 5}
+    perf = bench.perf_fields(row, 200.0, clock)
     compute_us = 146_028_888_064 / (400e12 * 1.65) * 1e6
     assert perf["roofline_at_clock_us"] == pytest.approx(compute_us)
     assert perf["pct_roofline_at_clock"] == pytest.approx(100 * compute_us / 200.0)
     assert "pct_roofline_at_clock" not in bench.perf_fields(row, 200.0)  # no clock for the row
+    # too few samples: a window that began on an idle card reads the boost clock
+    assert "pct_roofline_at_clock" not in bench.perf_fields(row, 200.0, {"sm_mhz": 1980.0, "clock_samples": 3})
     # memory-bound at the row's clock: the copy term stays
     s = _by_name(bench, "b64_kv8192_h16_q1")
     row = bench.shape_row(4, s)
     bench.add_roofline(row, ceilings)
-    perf = bench.perf_fields(row, 200.0, sm_mhz=1650.0)
+    perf = bench.perf_fields(row, 200.0, clock)
     assert perf["roofline_at_clock_us"] == pytest.approx(row["roofline_us"])
 
 
