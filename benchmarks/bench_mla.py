@@ -371,7 +371,7 @@ def add_roofline(row: dict, ceilings: dict) -> None:
         row["matmul_tflops_per_ghz"] = per_ghz
 
 
-# Fewer nvidia-smi samples than this in a timed window (100 ms apart) give no % at clock: a
+# Fewer nvidia-smi samples than this in a timed window (smi_sampler.PERIOD_MS apart) give no % at clock: a
 # window that starts on an idle card reads its boost clock in the first samples (B128 kv4096
 # H128, 3 samples: 1,980 MHz, 164 W, while the matmul beside it settles at 1,545 MHz, 632 W).
 MIN_CLOCK_SAMPLES = 5

@@ -20,7 +20,9 @@ import threading
 import time
 from typing import Optional
 
-PERIOD_MS = 100  # a 1 s window of replays gets ~10 samples; a quick run's 0.1 s one or two
+# nvidia-smi keeps up with 20 ms on the H200 (147 lines in 3 s, Session 28): a row's ~0.27 s
+# window of replays gets ~13 samples, the 1.5 s sustained matmul ~75 (15 at 100 ms).
+PERIOD_MS = 20
 
 
 def parse_line(line: str) -> Optional[tuple[float, float]]:
