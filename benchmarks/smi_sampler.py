@@ -3,8 +3,9 @@
 Why: the H200 runs under a 700 W limit, so a compute-bound kernel runs at whatever SM clock its
 power draw allows (p10 against median of one row's replays: 238 against 268 µs at B128 kv4096
 H128, 2026-12-02), and the matmul ceiling measured at the start of the run may have had another.
-The benchmark asks for the median clock inside each timed window and scales the matmul rate by
-the ratio of the two clocks (tensor work per clock is fixed), next to the plain % of roofline.
+The benchmark asks for the median clock inside each timed window and puts the matmul at that
+clock (a sustained matmul's TFLOP/s per GHz: tensor work per clock is fixed), next to the plain
+% of roofline.
 
     sampler = SmiSampler.start(uuid)      # None when nvidia-smi is not there
     t0 = time.monotonic(); ...timed work...; t1 = time.monotonic()
