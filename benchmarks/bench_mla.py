@@ -580,12 +580,15 @@ _SMI_FIELDS = ("name", "clocks.sm", "clocks.mem", "clocks.max.sm", "clocks.max.m
                "power.limit", "temperature.gpu", "driver_version")
 
 
+def smi_id_args(uuid: Optional[str]) -> list[str]:
+    """nvidia-smi's selector of the GPU with this UUID (torch gives it without the GPU- prefix)."""
+    return [f"--id={uuid if uuid.startswith('GPU-') else 'GPU-' + uuid}"] if uuid else []
+
+
 def nvidia_smi(uuid: Optional[str]) -> dict:
     """Clocks, power and driver of this GPU from nvidia-smi ({} when it is not there)."""
     cmd = ["nvidia-smi", f"--query-gpu={','.join(_SMI_FIELDS)}", "--format=csv,noheader"]
-    if uuid:
-        cmd.insert(1, f"--id={uuid if uuid.startswith('GPU-') else 'GPU-' + uuid}")
-    for attempt in (cmd, [c for c in cmd if not c.startswith("--id=")]):
+    for attempt in (cmd[:1] + smi_id_args(uuid) + cmd[1:], cmd):
         try:
             out = subprocess.run(attempt, capture_output=True, text=True, timeout=20)
         except (OSError, subprocess.SubprocessError):
@@ -715,30 +718,23 @@ class Bench:
         a, b = self.randn((n, n)), self.randn((n, n))
         c = torch.empty((n, n), dtype=torch.bfloat16, device=self.dev)
         ms = self.time_events(lambda: torch.mm(a, b, out=c), warmup=10, reps=reps)
+        clock = self.clock_fields()
         a = b = c = None
         self.free()
         flops = 2 * n**3
         return {"op": "torch.mm bf16, N(0,1) data", "m=n=k": n, "median_ms": statistics.median(ms),
-                "tflops": flops / (statistics.median(ms) * 1e-3) / 1e12, "best_tflops": flops / (min(ms) * 1e-3) / 1e12}
+                "tflops": flops / (statistics.median(ms) * 1e-3) / 1e12, "best_tflops": flops / (min(ms) * 1e-3) / 1e12,
+                "seconds": sum(ms) * 1e-3, **clock}
 
     def _matmul_sustained(self, n: int, seconds: float) -> dict:
         """The bf16 matmul run back to back for `seconds` (a full run times each shape for about
         1 s, in which a compute-bound kernel settles at the clock the 700 W limit allows), with the
         SM clock inside that window: TFLOP/s per GHz, for the rows' % of roofline at their clock.
         The headline ceiling stays the 100-matmul median above (the issue's anchors used it)."""
-        torch = self.torch
-        a, b = self.randn((n, n)), self.randn((n, n))
-        c = torch.empty((n, n), dtype=torch.bfloat16, device=self.dev)
         reps = max(10, math.ceil(seconds / 1.6e-3))  # ~1.6 ms per 8192^3 on an H200
-        ms = self.time_events(lambda: torch.mm(a, b, out=c), warmup=10, reps=reps)
-        clock = self.clock_fields()
-        a = b = c = None
-        self.free()
-        tflops = 2 * n**3 / (statistics.median(ms) * 1e-3) / 1e12
-        out = {"op": "torch.mm bf16, N(0,1) data, back to back", "m=n=k": n, "reps": reps, "seconds": sum(ms) * 1e-3,
-               "tflops": tflops, **clock}
-        if clock.get("sm_mhz"):
-            out["tflops_per_ghz"] = tflops / (clock["sm_mhz"] * 1e-3)
+        out = {**self._matmul_ceiling(n, reps), "op": "torch.mm bf16, N(0,1) data, back to back", "reps": reps}
+        if out.get("sm_mhz"):
+            out["tflops_per_ghz"] = out["tflops"] / (out["sm_mhz"] * 1e-3)
         return out
 
     # ---- data -----------------------------------------------------------------------------------
@@ -990,7 +986,7 @@ def run_gpu(args, shapes: list[Shape], all_shapes: list[Shape]) -> int:
     bench = Bench(args.quick)
     props = torch.cuda.get_device_properties(bench.dev)
     uuid = str(getattr(props, "uuid", "") or "") or None
-    bench.sampler = SmiSampler.start(uuid)
+    bench.sampler = SmiSampler.start(smi_id_args(uuid))
     try:
         return run_all(args, shapes, all_shapes, bench, props, uuid)
     finally:

@@ -7,7 +7,7 @@ The benchmark asks for the median clock inside each timed window and puts the ma
 clock (a sustained matmul's TFLOP/s per GHz: tensor work per clock is fixed), next to the plain
 % of roofline.
 
-    sampler = SmiSampler.start(uuid)      # None when nvidia-smi is not there
+    sampler = SmiSampler.start(["--id=GPU-..."])  # None when nvidia-smi is not there
     t0 = time.monotonic(); ...timed work...; t1 = time.monotonic()
     sampler.window(t0, t1)                # {"sm_mhz": 1755.0, "power_w": 690.2, "clock_samples": 9}
     sampler.close()
@@ -59,11 +59,11 @@ class SmiSampler:
         self.thread.start()
 
     @classmethod
-    def start(cls, uuid: Optional[str] = None) -> Optional["SmiSampler"]:
-        """A running sampler of this GPU (by UUID when given), or None without nvidia-smi output."""
+    def start(cls, ids: list[str]) -> Optional["SmiSampler"]:
+        """A running sampler of this GPU (ids: nvidia-smi's selector of it, bench_mla.smi_id_args;
+        [] for the default), or None without nvidia-smi output."""
         cmd = ["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits",
                f"--loop-ms={PERIOD_MS}"]
-        ids = [f"--id={uuid if uuid.startswith('GPU-') else 'GPU-' + uuid}"] if uuid else []
         for extra in ([ids, []] if ids else [[]]):
             try:
                 proc = subprocess.Popen(cmd[:1] + extra + cmd[1:], stdout=subprocess.PIPE,
