@@ -28,7 +28,8 @@
 // 4.21 / 4.16-4.25 TB/s with 1 / 2 / 3 stages (128 CTAs: 4.07-4.11 / 4.18-4.21 / 4.17-4.22),
 // every CTA within 3% of the median; pair, lockstep (CTA scope) and multicast alike at ~35
 // B/clk; the tensor-map boxes with evict_first 4.20 TB/s (2 stages), evict_normal 3.64, 256B
-// promotion 3.80.
+// promotion 3.80. Another instance streamed 3-5% less (private 3.96-4.09, tensor map 4.00-4.06):
+// compare within one run.
 //
 // Build and run (H200):
 //   nvcc -gencode arch=compute_90a,code=sm_90a -O3 -std=c++17 -o tma_ingest tma_ingest.cu && ./tma_ingest
@@ -39,6 +40,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <vector>
+
+#include "cluster_ptx.cuh"
 
 namespace {
 
@@ -52,22 +55,6 @@ constexpr int kSmemBytes = kMaxStages * kStageBytes + 1024;  // one CTA per SM
 enum Mode { kPrivate = 0, kPair = 1, kLockstep = 2, kMulticast = 3 };
 const char* const kModeNames[] = {"private", "pair", "lockstep", "multicast"};
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ uint32_t cluster_rank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-  return r;
-}
-__device__ __forceinline__ uint32_t mapa(uint32_t addr, uint32_t rank) {
-  uint32_t r;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(addr), "r"(rank));
-  return r;
-}
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
 __device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count));
 }
@@ -81,12 +68,6 @@ __device__ __forceinline__ void arrive_cluster(uint32_t cluster_bar, bool cluste
     asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(cluster_bar) : "memory");
   else
     asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(cluster_bar) : "memory");
-}
-__device__ __forceinline__ void wait_parity(uint32_t bar, uint32_t parity) {
-  asm volatile(
-      "{\n.reg .pred done;\nW_%=:\n"
-      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra W_%=;\n}\n" ::"r"(bar), "r"(parity) : "memory");
 }
 __device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, int bytes, uint32_t bar) {
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
@@ -124,11 +105,11 @@ __global__ void __launch_bounds__(kThreads, 1) ingest(const uint8_t* kv, int mod
       const uint32_t n = f / stages;  // this stage's fill count before this one
       const uint32_t fb = smem_u32(&full[s]), eb = smem_u32(&empty[s]);
       if (n > 0) {
-        wait_parity(fb, (n - 1) & 1);  // the previous fill landed (and was "consumed")
+        wait_cluster(fb, (n - 1) & 1);  // the previous fill landed (and was "consumed")
         if (clustered) {               // release on both CTAs, wait for the partner's release
           arrive_cluster(eb, cluster_scope);
           arrive_cluster(mapa(eb, rank ^ 1u), cluster_scope);
-          wait_parity(eb, (n - 1) & 1);
+          wait_cluster(eb, (n - 1) & 1);
         }
       }
       arrive_expect(fb, kStageBytes);
@@ -142,7 +123,8 @@ __global__ void __launch_bounds__(kThreads, 1) ingest(const uint8_t* kv, int mod
         }
       }
     }
-    for (int f = fills > stages ? fills - stages : 0; f < fills; ++f) wait_parity(smem_u32(&full[f % stages]), (f / stages) & 1);
+    for (int f = fills > stages ? fills - stages : 0; f < fills; ++f)  // the last fills land
+      wait_cluster(smem_u32(&full[f % stages]), (f / stages) & 1);
   }
   __syncthreads();
   const long long t1 = clock64();
@@ -176,7 +158,7 @@ __global__ void __launch_bounds__(kThreads, 1) ingest_tensor(const __grid_consta
     for (int f = 0; f < fills; ++f) {
       const int s = f % stages;
       const uint32_t n = f / stages, fb = smem_u32(&full[s]);
-      if (n > 0) wait_parity(fb, (n - 1) & 1);
+      if (n > 0) wait_cluster(fb, (n - 1) & 1);
       arrive_expect(fb, kStageBytes);
       const int page = blockIdx.x * fills + f;
       for (int bx = 0; bx < kBoxes; ++bx)
@@ -185,7 +167,8 @@ __global__ void __launch_bounds__(kThreads, 1) ingest_tensor(const __grid_consta
             " [%0], [%1, {%3, %4, %5}], [%2], %6;" ::"r"(base + s * kStageBytes + bx * kBoxBytes),
             "l"(&tmap), "r"(fb), "r"(bx * 64), "r"(0), "r"(page), "l"(policy) : "memory");
     }
-    for (int f = fills > stages ? fills - stages : 0; f < fills; ++f) wait_parity(smem_u32(&full[f % stages]), (f / stages) & 1);
+    for (int f = fills > stages ? fills - stages : 0; f < fills; ++f)  // the last fills land
+      wait_cluster(smem_u32(&full[f % stages]), (f / stages) & 1);
   }
   __syncthreads();
   if (threadIdx.x == 0) cycles[blockIdx.x] = clock64() - t0;
@@ -208,6 +191,24 @@ bool kv_map(CUtensorMap* map, void* kv, long long pages, CUtensorMapL2promotion 
   return reinterpret_cast<EncodeTiledFn>(fn)(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, kv, dims, strides, box,
                                             elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                                             promotion, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// Median of 5 timed launches in ms; -1 if a launch or the kernel failed (err says which).
+template <class Launch>
+float median_ms(cudaEvent_t e0, cudaEvent_t e1, Launch&& launch_once, cudaError_t& err) {
+  std::vector<float> ms;
+  for (int rep = 0; rep < 5; ++rep) {
+    cudaEventRecord(e0);
+    err = launch_once();
+    cudaEventRecord(e1);
+    if (err == cudaSuccess) err = cudaEventSynchronize(e1);
+    if (err != cudaSuccess) return -1.f;
+    float t = 0.f;
+    cudaEventElapsedTime(&t, e0, e1);
+    ms.push_back(t);
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
 }
 
 cudaError_t launch(int grid, bool cluster, void** args) {
@@ -258,27 +259,17 @@ int main() {
         long long region = dram ? (mode == kPrivate ? dram_blocks / 2 : dram_blocks) : 1;
         int fills = dram ? (int)region : 2000;
         void* args[] = {&kv, &mode, &stages, &fills, &region, &cluster_scope, &cycles, &smids};
-        std::vector<float> ms;
-        cudaError_t err = cudaSuccess;
-        for (int rep = 0; rep < 5 && err == cudaSuccess; ++rep) {
-          cudaEventRecord(e0);
-          err = launch(grid, mode >= kLockstep, args);
-          cudaEventRecord(e1);
-          if (err == cudaSuccess) err = cudaEventSynchronize(e1);
-          float t = 0.f;
-          cudaEventElapsedTime(&t, e0, e1);
-          ms.push_back(t);
-        }
+        cudaError_t err;
+        const float ms = median_ms(e0, e1, [&] { return launch(grid, mode >= kLockstep, args); }, err);
         if (err != cudaSuccess) {
           printf("| %s | %s | %d | error: %s |\n", dram ? "DRAM" : "L2", kModeNames[mode], stages,
                  cudaGetErrorString(err));
           return 1;
         }
-        std::sort(ms.begin(), ms.end());
         std::vector<long long> cyc(grid);
         cudaMemcpy(cyc.data(), cycles, grid * sizeof(long long), cudaMemcpyDeviceToHost);
         std::sort(cyc.begin(), cyc.end());
-        const double t = ms[ms.size() / 2] * 1e-3;
+        const double t = ms * 1e-3;
         const double ingest = (double)grid * fills * kStageBytes;      // bytes landed in shared memory
         const double l2 = mode == kMulticast ? ingest / 2 : ingest;    // bytes L2 sent out
         printf("| %s | %s%s | %d | %.1f | %.2f | %.2f | %.1f, %.1f |\n", dram ? "DRAM" : "L2", kModeNames[mode],
@@ -297,17 +288,9 @@ int main() {
       long long region = dram_blocks / 2;
       int fills = (int)region;
       void* args[] = {&kv, &mode, &stages, &fills, &region, &cluster_scope, &cycles, &smids};
-      std::vector<float> ms;
-      for (int rep = 0; rep < 5; ++rep) {
-        cudaEventRecord(e0);
-        launch(ctas, false, args);
-        cudaEventRecord(e1);
-        if (cudaEventSynchronize(e1) != cudaSuccess) return 1;
-        float t = 0.f;
-        cudaEventElapsedTime(&t, e0, e1);
-        ms.push_back(t);
-      }
-      std::sort(ms.begin(), ms.end());
+      cudaError_t err;
+      const float ms = median_ms(e0, e1, [&] { return launch(ctas, false, args); }, err);
+      if (err != cudaSuccess) return 1;
       std::vector<long long> cyc(ctas);
       std::vector<int> sm(ctas);
       cudaMemcpy(cyc.data(), cycles, ctas * sizeof(long long), cudaMemcpyDeviceToHost);
@@ -316,7 +299,7 @@ int main() {
       for (int b = 0; b < ctas; ++b) rate[b] = (double)fills * kStageBytes / cyc[b];
       std::vector<double> sorted = rate;
       std::sort(sorted.begin(), sorted.end());
-      const double med = sorted[ctas / 2], t = ms[ms.size() / 2] * 1e-3;
+      const double med = sorted[ctas / 2], t = ms * 1e-3;
       printf("| %d | %d | %.1f | %.2f | %.1f, %.1f, %.1f | ", ctas, stages, t * 1e6,
              (double)ctas * fills * kStageBytes / t * 1e-12, med, sorted[0], sorted[ctas - 1]);
       std::vector<int> slow;
@@ -343,21 +326,16 @@ int main() {
             return 1;
           }
           int fills = (int)(dram_blocks / 2);  // 288 MiB in all, as the private rows above
-          std::vector<float> ms;
-          for (int rep = 0; rep < 5; ++rep) {
-            cudaEventRecord(e0);
+          cudaError_t err;
+          const float ms = median_ms(e0, e1, [&] {
             ingest_tensor<<<ctas, kThreads, kSmemBytes>>>(map, stages, fills, evict_first, cycles);
-            cudaEventRecord(e1);
-            if (cudaEventSynchronize(e1) != cudaSuccess) return 1;
-            float t = 0.f;
-            cudaEventElapsedTime(&t, e0, e1);
-            ms.push_back(t);
-          }
-          std::sort(ms.begin(), ms.end());
+            return cudaGetLastError();
+          }, err);
+          if (err != cudaSuccess) return 1;
           std::vector<long long> cyc(ctas);
           cudaMemcpy(cyc.data(), cycles, ctas * sizeof(long long), cudaMemcpyDeviceToHost);
           std::sort(cyc.begin(), cyc.end());
-          const double t = ms[ms.size() / 2] * 1e-3;
+          const double t = ms * 1e-3;
           printf("| %d | %d | %s | %s | %.1f | %.2f | %.1f, %.1f |\n", ctas, stages, promo ? "256B" : "none",
                  evict_first ? "evict_first" : "normal", t * 1e6, (double)ctas * fills * kStageBytes / t * 1e-12,
                  (double)fills * kStageBytes / cyc[ctas / 2], (double)fills * kStageBytes / cyc[ctas - 1]);
