@@ -1,8 +1,21 @@
 // PTX helpers shared by the standalone cluster microbenchmarks (dsmem_exchange.cu,
 // tma_ingest.cu): shared-memory addresses, a CTA's rank and its partner's addresses in a
-// cluster, the cluster barrier, and an mbarrier wait that acquires at cluster scope.
+// cluster, the cluster barrier, an mbarrier wait that acquires at cluster scope, and the
+// cluster launch attribute.
 #pragma once
+#include <cuda_runtime.h>
+
 #include <cstdint>
+
+// The launch attribute for clusters of n CTAs along x (host side).
+inline cudaLaunchAttribute cluster_dim_attr(unsigned n) {
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = n;
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  return attr;
+}
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));

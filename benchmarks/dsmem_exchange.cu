@@ -114,13 +114,7 @@ cudaError_t launch(const void* fn, int grid, int cluster, bool cooperative, void
   cfg.dynamicSmemBytes = kSmemBytes;
   cudaLaunchAttribute attr[2];
   int n = 0;
-  if (cluster > 1) {
-    attr[n].id = cudaLaunchAttributeClusterDimension;
-    attr[n].val.clusterDim.x = cluster;
-    attr[n].val.clusterDim.y = 1;
-    attr[n].val.clusterDim.z = 1;
-    ++n;
-  }
+  if (cluster > 1) attr[n++] = cluster_dim_attr(cluster);
   if (cooperative) {
     attr[n].id = cudaLaunchAttributeCooperative;
     attr[n].val.cooperative = 1;
@@ -143,11 +137,7 @@ int main() {
   occ.gridDim = dim3(2 * sms);
   occ.blockDim = dim3(kThreads);
   occ.dynamicSmemBytes = kSmemBytes;
-  cudaLaunchAttribute ca;
-  ca.id = cudaLaunchAttributeClusterDimension;
-  ca.val.clusterDim.x = 2;
-  ca.val.clusterDim.y = 1;
-  ca.val.clusterDim.z = 1;
+  cudaLaunchAttribute ca = cluster_dim_attr(2);
   occ.attrs = &ca;
   occ.numAttrs = 1;
   int clusters = -1;

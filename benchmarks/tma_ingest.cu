@@ -216,11 +216,7 @@ cudaError_t launch(int grid, bool cluster, void** args) {
   cfg.gridDim = dim3(grid);
   cfg.blockDim = dim3(kThreads);
   cfg.dynamicSmemBytes = kSmemBytes;
-  cudaLaunchAttribute attr;
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = 2;
-  attr.val.clusterDim.y = 1;
-  attr.val.clusterDim.z = 1;
+  cudaLaunchAttribute attr = cluster_dim_attr(2);
   cfg.attrs = &attr;
   cfg.numAttrs = cluster ? 1 : 0;
   return cudaLaunchKernelExC(&cfg, reinterpret_cast<const void*>(ingest), args);
