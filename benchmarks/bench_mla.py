@@ -576,29 +576,6 @@ def git_commit() -> tuple[str, Optional[bool]]:
         return "unknown", None
 
 
-_SMI_FIELDS = ("name", "clocks.sm", "clocks.mem", "clocks.max.sm", "clocks.max.mem", "power.draw",
-               "power.limit", "temperature.gpu", "driver_version")
-
-
-def smi_id_args(uuid: Optional[str]) -> list[str]:
-    """nvidia-smi's selector of the GPU with this UUID (torch gives it without the GPU- prefix)."""
-    return [f"--id={uuid if uuid.startswith('GPU-') else 'GPU-' + uuid}"] if uuid else []
-
-
-def nvidia_smi(uuid: Optional[str]) -> dict:
-    """Clocks, power and driver of this GPU from nvidia-smi ({} when it is not there)."""
-    cmd = ["nvidia-smi", f"--query-gpu={','.join(_SMI_FIELDS)}", "--format=csv,noheader"]
-    for attempt in (cmd[:1] + smi_id_args(uuid) + cmd[1:], cmd):
-        try:
-            out = subprocess.run(attempt, capture_output=True, text=True, timeout=20)
-        except (OSError, subprocess.SubprocessError):
-            return {}
-        if out.returncode == 0 and out.stdout.strip():
-            values = [v.strip() for v in out.stdout.strip().splitlines()[0].split(",")]
-            return dict(zip(_SMI_FIELDS, values))
-    return {}
-
-
 class Bench:
     """Holds torch, the device and the timing settings."""
 
@@ -986,7 +963,7 @@ def run_gpu(args, shapes: list[Shape], all_shapes: list[Shape]) -> int:
     bench = Bench(args.quick)
     props = torch.cuda.get_device_properties(bench.dev)
     uuid = str(getattr(props, "uuid", "") or "") or None
-    bench.sampler = SmiSampler.start(smi_id_args(uuid))
+    bench.sampler = SmiSampler.start(uuid)
     try:
         return run_all(args, shapes, all_shapes, bench, props, uuid)
     finally:
@@ -997,6 +974,7 @@ def run_gpu(args, shapes: list[Shape], all_shapes: list[Shape]) -> int:
 def run_all(args, shapes: list[Shape], all_shapes: list[Shape], bench: Bench, props, uuid: Optional[str]) -> int:
     """Ceilings, host overhead and every shape, into the JSON and PNG (run_gpu's body)."""
     import torch
+    from smi_sampler import query as nvidia_smi
 
     sha, dirty = (args.commit, None) if args.commit else git_commit()
     now = datetime.datetime.now(datetime.timezone.utc)

@@ -1,4 +1,5 @@
-"""The GPU's SM clock and power over a benchmark run, sampled by `nvidia-smi --loop-ms` in a thread.
+"""nvidia-smi's readings of the GPU: its clocks, power and driver once (query), and its SM clock
+and power over a benchmark run, sampled by `nvidia-smi --loop-ms` in a thread (SmiSampler).
 
 Why: the H200 runs under a 700 W limit, so a compute-bound kernel runs at whatever SM clock its
 power draw allows (p10 against median of one row's replays: 238 against 268 µs at B128 kv4096
@@ -7,7 +8,8 @@ The benchmark asks for the median clock inside each timed window and puts the ma
 clock (a sustained matmul's TFLOP/s per GHz: tensor work per clock is fixed), next to the plain
 % of roofline.
 
-    sampler = SmiSampler.start(["--id=GPU-..."])  # None when nvidia-smi is not there
+    query(uuid)                           # {"clocks.sm": "1980 MHz", ...}; {} without nvidia-smi
+    sampler = SmiSampler.start(uuid)      # None when nvidia-smi is not there
     t0 = time.monotonic(); ...timed work...; t1 = time.monotonic()
     sampler.window(t0, t1)                # {"sm_mhz": 1755.0, "power_w": 690.2, "clock_samples": 9}
     sampler.close()
@@ -24,6 +26,33 @@ from typing import Optional
 # nvidia-smi keeps up with 20 ms on the H200 (147 lines in 3 s, Session 28): a row's ~0.27 s
 # window of replays gets ~13 samples, the 1.5 s sustained matmul ~75 (15 at 100 ms).
 PERIOD_MS = 20
+
+
+def commands(cmd: list[str], uuid: Optional[str]) -> list[list[str]]:
+    """cmd for the GPU with this UUID (torch gives it without the GPU- prefix), then cmd as given
+    (the default GPU) in case nvidia-smi does not know that id; cmd alone without a UUID."""
+    if not uuid:
+        return [cmd]
+    gpu = uuid if uuid.startswith("GPU-") else "GPU-" + uuid
+    return [cmd[:1] + [f"--id={gpu}"] + cmd[1:], cmd]
+
+
+QUERY_FIELDS = ("name", "clocks.sm", "clocks.mem", "clocks.max.sm", "clocks.max.mem", "power.draw",
+                "power.limit", "temperature.gpu", "driver_version")
+
+
+def query(uuid: Optional[str]) -> dict:
+    """Clocks, power and driver of this GPU ({} when nvidia-smi is not there)."""
+    cmd = ["nvidia-smi", f"--query-gpu={','.join(QUERY_FIELDS)}", "--format=csv,noheader"]
+    for attempt in commands(cmd, uuid):
+        try:
+            out = subprocess.run(attempt, capture_output=True, text=True, timeout=20)
+        except (OSError, subprocess.SubprocessError):
+            return {}
+        if out.returncode == 0 and out.stdout.strip():
+            values = [v.strip() for v in out.stdout.strip().splitlines()[0].split(",")]
+            return dict(zip(QUERY_FIELDS, values))
+    return {}
 
 
 def parse_line(line: str) -> Optional[tuple[float, float]]:
@@ -59,15 +88,14 @@ class SmiSampler:
         self.thread.start()
 
     @classmethod
-    def start(cls, ids: list[str]) -> Optional["SmiSampler"]:
-        """A running sampler of this GPU (ids: nvidia-smi's selector of it, bench_mla.smi_id_args;
-        [] for the default), or None without nvidia-smi output."""
+    def start(cls, uuid: Optional[str]) -> Optional["SmiSampler"]:
+        """A running sampler of the GPU with this UUID (None: the default one), or None without
+        nvidia-smi output."""
         cmd = ["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits",
                f"--loop-ms={PERIOD_MS}"]
-        for extra in ([ids, []] if ids else [[]]):
+        for attempt in commands(cmd, uuid):
             try:
-                proc = subprocess.Popen(cmd[:1] + extra + cmd[1:], stdout=subprocess.PIPE,
-                                        stderr=subprocess.DEVNULL, text=True)
+                proc = subprocess.Popen(attempt, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
             except OSError:
                 return None
             sampler = cls(proc)
