@@ -215,6 +215,25 @@ def test_fp8_max_moves_late(B, q_len, H, page, kv_lens, q8):
            p_dtype=torch.float8_e4m3fn if q8 else torch.bfloat16)
 
 
+# The same for a bf16 cache: the seesaw kernel (H 128; MTP 2 at H 64, ragged included) rescales O
+# and its warpgroups' P hand-off when a late block moves a row's max, the narrow kernels (H 16,
+# MTP 2 at H 16) their O^T; pages of 8 and 32 put several TMA boxes on one block.
+@pytest.mark.parametrize("B,q_len,H,page,kv_lens", [
+    (4, 1, 128, 64, [3000, 700, 65, 4097]),
+    (3, 2, 64, 32, [2000, 129, 5000]),
+    (3, [1, 4, 3], 128, 64, [2500, 300, 4100]),
+    (4, 1, 16, 64, [3000, 700, 65, 4097]),
+    (3, 2, 16, 8, [2000, 129, 1500]),
+])
+def test_bf16_max_moves_late(B, q_len, H, page, kv_lens):
+    case = make_case(B, q_len, H, page, kv_lens, ragged=isinstance(q_len, list), device=DEV, seed=37 + H)
+    gen = torch.Generator(device="cpu").manual_seed(41)
+    factor = torch.empty(case.kv_cache.shape[0]).uniform_(0.3, 3.0, generator=gen).to(DEV)
+    case.kv_cache = (case.kv_cache.float() * factor[:, None, None]).to(torch.bfloat16)  # NaN stays NaN
+    out, lse = _run(case)
+    _check(case, out, lse, label=f"bf16 max moves late B{B} q{q_len} H{H} p{page}")
+
+
 # Long PV chains in fp8: Hopper's fp8 wgmma accumulates with ~14 bits (DeepSeek-V3), so the fp8
 # kernels promote O^T to fp32 in the unit's partial slot every kPromoteBlocks (64) blocks of one
 # accumulator (attention_narrow_fp8.cuh). The launcher is given few SMs so that units run long
