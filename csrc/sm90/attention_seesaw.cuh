@@ -7,8 +7,9 @@
 //   then the exchange:  O_L += P1 V_b+1,L (P1 via smem), O_R += P0 V_b,R (P0 via smem)
 // WG w holds output columns [256w, 256w+256) (64x256 fp32 = 128 registers/thread). One warpgroup's
 // softmax runs while the other's wgmmas keep the tensor cores busy. The running max is shared in
-// smem; WG0 republishes its P rescaled to WG1's new max (P0' = P0 * scale1), so both halves end each
-// pair relative to the same max m1.
+// smem; WG0 hands its P over as it is (relative to its max m0) and WG1 rescales it to its own new
+// max m1 (P0' = P0 * scale1) in the rare pair where block b+1 moved the lazy max, so both halves
+// end each pair relative to the same max m1.
 //
 // KV tiles arrive by TMA in two halves (boxes 0-3 = V_L; boxes 4-8 = V_R + rope), one mbarrier per
 // 8 KB box so QK^T starts on the first box that lands, and a half is refilled with block b+2 / b+3
@@ -40,7 +41,7 @@ namespace jit_mla::sm90 {
 constexpr int kHandScale0 = 0;  // WG0 -> WG1: m0 and scale0 published
 constexpr int kHandScale1 = 1;  // WG1 -> WG0: m1 and scale1 published
 constexpr int kHandP1 = 2;      // WG1 -> WG0: P1 in sP1
-constexpr int kHandP0 = 3;      // WG0 -> WG1: P0' (rescaled to m1) in box 8 of block b's stage
+constexpr int kHandP0 = 3;      // WG0 -> WG1: P0 (relative to m0) in box 8 of block b's stage
 constexpr int kNumHand = 4;
 static_assert(sizeof(SeesawSmem::hand) / sizeof(uint64_t) == kNumHand, "one mbarrier per hand-off");
 // Named barrier (id 0 is __syncthreads): +wg, 128 threads, one warpgroup's smem stores before its
@@ -301,15 +302,18 @@ __device__ __forceinline__ void store_p(uint8_t* box, const uint32_t (&pk)[16], 
   }
 }
 
-// Packed P *= per-row factors (rounded to bf16 again); skipped when they are 1 for the whole warp
-// (WG1's block did not move the lazy max: most pairs), as scale_o.
-__device__ __forceinline__ void scale_p(uint32_t (&pk)[16], float f_a, float f_b) {
-  if (!__any_sync(0xffffffffu, f_a != 1.f || f_b != 1.f)) return;
-#pragma unroll
+// The packed P of this thread's rows in a swizzled (64, 64) box (as store_p wrote them) *= per-row
+// factors, rounded to bf16 again; false (nothing written) when they are 1 for the whole warp. A
+// rare step (a block moved the lazy max), so a rolled loop: no registers held beside O and P1.
+__device__ __forceinline__ bool scale_p_box(uint8_t* box, const Rows& rw, float f_a, float f_b) {
+  if (!__any_sync(0xffffffffu, f_a != 1.f || f_b != 1.f)) return false;
+#pragma unroll 1
   for (int j = 0; j < 16; ++j) {
     const float f = j % 2 == 0 ? f_a : f_b;
-    pk[j] = pack_bf16x2(__uint_as_float(pk[j] << 16) * f, __uint_as_float(pk[j] & 0xffff0000u) * f);
+    uint32_t* x = reinterpret_cast<uint32_t*>(box + swizzled(j % 2 == 0 ? rw.r_a : rw.r_b, j / 2) + 4 * rw.q4);
+    *x = pack_bf16x2(__uint_as_float(*x << 16) * f, __uint_as_float(*x & 0xffff0000u) * f);
   }
+  return true;
 }
 
 // O *= per-row factors; skipped when they are 1 for the whole warp (the running max did not grow
@@ -464,6 +468,13 @@ __device__ void attention_seesaw(const MlaParams& p) {
         if (!kSteady && (kb + 1) * kBlockN > kv_len) zero_v_tail(ss.kv[0], kv_len - kb * kBlockN, 0);
         pv_rs(o, pk, sKV[0]);
         tl_mark(kTlPv1Issued, pairs);
+        // P0 (relative to m0) to WG1 now, into block b's rope box (its QK^T is done), while the
+        // PV above reads the same registers: WG1 rescales it to m1 itself in the rare pair whose
+        // block b+1 moved the lazy max, so this hand-off does not wait for WG1's softmax.
+        store_p(ss.kv[0] + 8 * kBoxBytes, pk, rw);
+        fence_proxy_async_smem();
+        mbar_arrive(hand0 + 8 * kHandP0);
+        tl_mark(kTlPStored, pairs);
         // V_L(b) has no reader after this PV: refill it with block b+2 now, not after WG1's
         // softmax (the wait below would wait for this PV anyway).
         mma_wait<0>();
@@ -472,15 +483,10 @@ __device__ void attention_seesaw(const MlaParams& p) {
         if (has2 && tw < 32) issue_kv_half<kReread>(p, sKV[0], bars[0], kb + 2, 0, page, 0);
         tl_mark(kTlLoadsIssued, pairs);
 
-        // ---- WG1's max is in: rescale to it, hand P0' to WG1, O_L += P1 V_L(b+1) ---------
+        // ---- WG1's max is in: rescale O_L to it, O_L += P1 V_L(b+1) -------------------------
         hand_wait(hand0 + 8 * kHandScale1, hpar);
         tl_mark(kTlScaleGot, pairs);
         const float sc1_a = ss.scale1[rw.r_a], sc1_b = ss.scale1[rw.r_b];
-        scale_p(pk, sc1_a, sc1_b);
-        store_p(ss.kv[0] + 8 * kBoxBytes, pk, rw);
-        fence_proxy_async_smem();
-        mbar_arrive(hand0 + 8 * kHandP0);
-        tl_mark(kTlPStored, pairs);
         scale_o(o, sc1_a, sc1_b);
         l_a *= sc1_a;
         l_b *= sc1_b;
@@ -557,6 +563,10 @@ __device__ void attention_seesaw(const MlaParams& p) {
         }
         hand_wait(hand0 + 8 * kHandP0, hpar);
         tl_mark(kTlPGot, pairs);
+        // P0 is relative to m0: P0' = P0 * scale1, in place (each thread its own rows' entries,
+        // the ones its WG0 twin stored), then the warpgroup's barrier before its wgmma reads them.
+        if (scale_p_box(ss.kv[0] + 8 * kBoxBytes, rw, sc1_a, sc1_b)) fence_proxy_async_smem();
+        named_barrier_sync(kBarWg + 1, 128);
         kv_wait_boxes(bars[0], 4, 8, par0);
         tl_mark(kTlVReady, pairs);
         if (!kSteady && (kb + 1) * kBlockN > kv_len) zero_v_tail(ss.kv[0], kv_len - kb * kBlockN, 1);
