@@ -563,10 +563,13 @@ __device__ void attention_seesaw(const MlaParams& p) {
         }
         hand_wait(hand0 + 8 * kHandP0, hpar);
         tl_mark(kTlPGot, pairs);
-        // P0 is relative to m0: P0' = P0 * scale1, in place (each thread its own rows' entries,
-        // the ones its WG0 twin stored), then the warpgroup's barrier before its wgmma reads them.
+        // P0 is relative to m0: P0' = P0 * scale1, in place. Each thread rescales the entries its
+        // WG0 twin stored, so warp w writes exactly A rows 16w .. 16w+15 of the SS PV below, which
+        // its own fence orders before its own part of that wgmma: no warpgroup barrier. (A named
+        // barrier here, run by WG1 alone every pair, made racecheck report the epilogue's row
+        // sums, which a __syncthreads orders: it pairs named-barrier instances by count,
+        // docs/experiments/racecheck_repro.cu.)
         if (scale_p_box(ss.kv[0] + 8 * kBoxBytes, rw, sc1_a, sc1_b)) fence_proxy_async_smem();
-        named_barrier_sync(kBarWg + 1, 128);
         kv_wait_boxes(bars[0], 4, 8, par0);
         tl_mark(kTlVReady, pairs);
         if (!kSteady && (kb + 1) * kBlockN > kv_len) zero_v_tail(ss.kv[0], kv_len - kb * kBlockN, 1);
