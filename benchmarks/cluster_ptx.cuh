@@ -1,11 +1,13 @@
 // PTX helpers shared by the standalone cluster microbenchmarks (dsmem_exchange.cu,
-// tma_ingest.cu): shared-memory addresses, a CTA's rank and its partner's addresses in a
+// tma_ingest.cu; both build with -I csrc): a CTA's rank and its partner's addresses in a
 // cluster, the cluster barrier, an mbarrier wait that acquires at cluster scope, and the
 // cluster launch attribute.
 #pragma once
 #include <cuda_runtime.h>
 
 #include <cstdint>
+
+#include "common/device_utils.cuh"  // smem_u32
 
 // The launch attribute for clusters of n CTAs along x (host side).
 inline cudaLaunchAttribute cluster_dim_attr(unsigned n) {
@@ -17,9 +19,7 @@ inline cudaLaunchAttribute cluster_dim_attr(unsigned n) {
   return attr;
 }
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
+using jit_mla::smem_u32;
 __device__ __forceinline__ uint32_t cluster_rank() {
   uint32_t r;
   asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));

@@ -12,7 +12,7 @@
 // questions: how many 2-CTA clusters of one 227 KiB CTA per SM are resident at once, and does a
 // cooperative launch take a cluster dimension (the grid barrier of the merge needs it).
 //
-// Build and run (H200): nvcc -arch=sm_90a -O3 -std=c++17 -o dsmem dsmem_exchange.cu && ./dsmem
+// Build and run (H200): nvcc -arch=sm_90a -O3 -std=c++17 -I../csrc -o dsmem dsmem_exchange.cu && ./dsmem
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -21,8 +21,12 @@
 #include <vector>
 
 #include "cluster_ptx.cuh"
+#include "sm90/tma.cuh"  // mbar_init, fence_mbar_init
 
 namespace {
+
+using jit_mla::sm90::fence_mbar_init;
+using jit_mla::sm90::mbar_init;
 
 constexpr int kThreads = 256;         // two warpgroups
 constexpr int kTileFloats = 64 * 64;  // one warpgroup's S tile
@@ -53,10 +57,10 @@ __global__ void __launch_bounds__(kThreads, 1) exchange(int iters, int active_wg
   const uint32_t peer = cluster_rank() ^ 1u;
   if (tid == 0) {
     for (int w = 0; w < 2; ++w) {
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 128;" ::"r"(smem_u32(&s.full[w])));
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 128;" ::"r"(smem_u32(&s.free_[w])));
+      mbar_init(smem_u32(&s.full[w]), 128);
+      mbar_init(smem_u32(&s.free_[w]), 128);
     }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    fence_mbar_init();
   }
   cluster_sync();
   float acc[32];

@@ -32,7 +32,7 @@
 // compare within one run.
 //
 // Build and run (H200):
-//   nvcc -gencode arch=compute_90a,code=sm_90a -O3 -std=c++17 -o tma_ingest tma_ingest.cu && ./tma_ingest
+//   nvcc -gencode arch=compute_90a,code=sm_90a -O3 -std=c++17 -I../csrc -o tma_ingest tma_ingest.cu && ./tma_ingest
 #include <cuda.h>  // CUtensorMap (the encoder comes through the runtime: no -lcuda)
 #include <cuda_runtime.h>
 
@@ -42,8 +42,11 @@
 #include <vector>
 
 #include "cluster_ptx.cuh"
+#include "sm90/tma.cuh"  // the kernels' mbarrier, TMA and L2-policy wrappers
 
 namespace {
+
+using namespace jit_mla::sm90;
 
 constexpr int kThreads = 128;
 constexpr int kBoxBytes = 8192;  // 64 KV rows x 64 bf16 columns
@@ -55,12 +58,6 @@ constexpr int kSmemBytes = kMaxStages * kStageBytes + 1024;  // one CTA per SM
 enum Mode { kPrivate = 0, kPair = 1, kLockstep = 2, kMulticast = 3 };
 const char* const kModeNames[] = {"private", "pair", "lockstep", "multicast"};
 
-__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count));
-}
-__device__ __forceinline__ void arrive_expect(uint32_t bar, int bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-}
 // An arrival on an mbarrier of either CTA: release at cluster scope (the multicast patch's), or
 // at the default CTA scope (CUTLASS's ClusterBarrier::arrive).
 __device__ __forceinline__ void arrive_cluster(uint32_t cluster_bar, bool cluster_scope) {
@@ -95,7 +92,7 @@ __global__ void __launch_bounds__(kThreads, 1) ingest(const uint8_t* kv, int mod
       mbar_init(smem_u32(&full[s]), 1);
       mbar_init(smem_u32(&empty[s]), 2);
     }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    fence_mbar_init();
   }
   if (clustered) cluster_sync(); else __syncthreads();
   const long long t0 = clock64();
@@ -112,7 +109,7 @@ __global__ void __launch_bounds__(kThreads, 1) ingest(const uint8_t* kv, int mod
           wait_cluster(eb, (n - 1) & 1);
         }
       }
-      arrive_expect(fb, kStageBytes);
+      mbar_arrive_expect_tx(fb, kStageBytes);
       const uint32_t dst = smem_u32(raw) + s * kStageBytes;
       const uint8_t* src = region + (f % region_blocks) * kStageBytes;
       for (int bx = 0; bx < kBoxes; ++bx) {
@@ -147,25 +144,20 @@ __global__ void __launch_bounds__(kThreads, 1) ingest_tensor(const __grid_consta
   const uint32_t base = (smem_u32(raw) + 1023) & ~1023u;  // 128-byte swizzle: 1 KiB aligned boxes
   if (threadIdx.x == 0) {
     for (int s = 0; s < stages; ++s) mbar_init(smem_u32(&full[s]), 1);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    fence_mbar_init();
   }
   __syncthreads();
   const long long t0 = clock64();
   if (threadIdx.x == 0) {
-    uint64_t policy;
-    if (evict_first) asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-    else asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(policy));
+    const uint64_t policy = evict_first ? createpolicy_evict_first() : createpolicy_evict_normal();
     for (int f = 0; f < fills; ++f) {
       const int s = f % stages;
       const uint32_t n = f / stages, fb = smem_u32(&full[s]);
       if (n > 0) wait_cluster(fb, (n - 1) & 1);
-      arrive_expect(fb, kStageBytes);
+      mbar_arrive_expect_tx(fb, kStageBytes);
       const int page = blockIdx.x * fills + f;
       for (int bx = 0; bx < kBoxes; ++bx)
-        asm volatile(
-            "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
-            " [%0], [%1, {%3, %4, %5}], [%2], %6;" ::"r"(base + s * kStageBytes + bx * kBoxBytes),
-            "l"(&tmap), "r"(fb), "r"(bx * 64), "r"(0), "r"(page), "l"(policy) : "memory");
+        tma_load_3d(base + s * kStageBytes + bx * kBoxBytes, &tmap, fb, bx * 64, 0, page, policy);
     }
     for (int f = fills > stages ? fills - stages : 0; f < fills; ++f)  // the last fills land
       wait_cluster(smem_u32(&full[f % stages]), (f / stages) & 1);
