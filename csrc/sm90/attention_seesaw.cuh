@@ -466,12 +466,14 @@ __device__ void attention_seesaw(const MlaParams& p) {
         l_b = l_b * sc0_b + sum_b;
         scale_o(o, sc0_a, sc0_b);
         if (!kSteady && (kb + 1) * kBlockN > kv_len) zero_v_tail(ss.kv[0], kv_len - kb * kBlockN, 0);
+        // P0 (relative to m0) to WG1 now, into block b's rope box (its QK^T is done): WG1
+        // rescales it to m1 itself in the rare pair whose block b+1 moved the lazy max, so this
+        // hand-off does not wait for WG1's softmax. Stored before the RS PV that takes pk as its
+        // A fragment: PTX leaves any access to those registers undefined until the wgmma is
+        // waited for (reads included).
+        store_p(ss.kv[0] + 8 * kBoxBytes, pk, rw);
         pv_rs(o, pk, sKV[0]);
         tl_mark(kTlPv1Issued, pairs);
-        // P0 (relative to m0) to WG1 now, into block b's rope box (its QK^T is done), while the
-        // PV above reads the same registers: WG1 rescales it to m1 itself in the rare pair whose
-        // block b+1 moved the lazy max, so this hand-off does not wait for WG1's softmax.
-        store_p(ss.kv[0] + 8 * kBoxBytes, pk, rw);
         fence_proxy_async_smem();
         mbar_arrive(hand0 + 8 * kHandP0);
         tl_mark(kTlPStored, pairs);
