@@ -193,6 +193,14 @@ def test_fp8_kv_cache(B, q_len, H, page, kind, extra, q8):
            p_dtype=torch.float8_e4m3fn if q8 else torch.bfloat16)
 
 
+def _scale_pages(case, seed: int) -> None:
+    """Each page of case.kv_cache times its own factor in [0.3, 3], in the cache's dtype (NaN
+    stays NaN): the max-moves-late cases below."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    factor = torch.empty(case.kv_cache.shape[0]).uniform_(0.3, 3.0, generator=gen).to(DEV)
+    case.kv_cache = (case.kv_cache.float() * factor[:, None, None]).to(case.kv_cache.dtype)
+
+
 # The running max moving late in the KV, many times: each page's K and V scaled by its own factor
 # in [0.3, 3] (logits up to ~3x), pages in random order, so blocks far into a request raise a
 # row's max by several log2 units, past the kernels' lazy threshold, and O (and the sums) are
@@ -207,9 +215,7 @@ def test_fp8_kv_cache(B, q_len, H, page, kind, extra, q8):
 def test_fp8_max_moves_late(B, q_len, H, page, kv_lens, q8):
     case = make_case(B, q_len, H, page, kv_lens, dtype=torch.float8_e4m3fn,
                      q_dtype=torch.float8_e4m3fn if q8 else torch.bfloat16, device=DEV, seed=29 + H)
-    gen = torch.Generator(device="cpu").manual_seed(31)
-    factor = torch.empty(case.kv_cache.shape[0]).uniform_(0.3, 3.0, generator=gen).to(DEV)
-    case.kv_cache = (case.kv_cache.float() * factor[:, None, None]).to(torch.float8_e4m3fn)  # NaN stays NaN
+    _scale_pages(case, seed=31)
     out, lse = _run(case)
     _check(case, out, lse, label=f"fp8 max moves late B{B} q{q_len} H{H} q8={q8}",
            p_dtype=torch.float8_e4m3fn if q8 else torch.bfloat16)
@@ -227,9 +233,7 @@ def test_fp8_max_moves_late(B, q_len, H, page, kv_lens, q8):
 ])
 def test_bf16_max_moves_late(B, q_len, H, page, kv_lens):
     case = make_case(B, q_len, H, page, kv_lens, ragged=isinstance(q_len, list), device=DEV, seed=37 + H)
-    gen = torch.Generator(device="cpu").manual_seed(41)
-    factor = torch.empty(case.kv_cache.shape[0]).uniform_(0.3, 3.0, generator=gen).to(DEV)
-    case.kv_cache = (case.kv_cache.float() * factor[:, None, None]).to(torch.bfloat16)  # NaN stays NaN
+    _scale_pages(case, seed=41)
     out, lse = _run(case)
     _check(case, out, lse, label=f"bf16 max moves late B{B} q{q_len} H{H} p{page}")
 
