@@ -549,7 +549,6 @@ __device__ void attention_seesaw(const MlaParams& p) {
           l_b = l_b * sc0_b * sc1_b + sum_b;
           pack_p(s, pk);
           store_p(ss.p1, pk, rw);
-          fence_proxy_async_smem();
         } else {
           l_a *= sc0_a;
           l_b *= sc0_b;
@@ -561,6 +560,9 @@ __device__ void attention_seesaw(const MlaParams& p) {
         if (has1) {
           if (!kSteady && (kb + 2) * kBlockN > kv_len) zero_v_tail(ss.kv[1], kv_len - (kb + 1) * kBlockN, 1);
           pv_rs(o, pk, sKV[1] + 4 * kBoxBytes);
+          // P1's stores before WG0's SS PV reads them (the P1 hand-off, after this warpgroup's
+          // SS PV): fenced after this PV's issue, not inside the softmax.
+          fence_proxy_async_smem();
           tl_mark(kTlPv1Issued, pairs);
         }
         hand_wait(hand0 + 8 * kHandP0, hpar);
