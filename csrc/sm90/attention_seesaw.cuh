@@ -348,40 +348,6 @@ __device__ __forceinline__ void pv_ss(float (&o)[128], uint32_t p_box, uint32_t 
   wgmma_commit();
 }
 
-// Warp-collective (one warp): KV blocks kb0 -> stage 0 and kb0 + 1 (if the unit has it) -> stage
-// 1, a unit's first two, with the chunk pages lanes 0-7 / 8-15 hold (first_block_pages). Half 1 of
-// kb0 + 1 first: WG1's first QK^T starts on it.
-template <bool kReread>
-__device__ __forceinline__ void issue_first_blocks(const MlaParams& p, const uint32_t (&sKV)[2],
-                                                   const uint32_t (&bars)[2], int kb0, int kb1, int pages) {
-  issue_kv_half<kReread>(p, sKV[0], bars[0], kb0, 0, pages, 0);
-  issue_kv_half<kReread>(p, sKV[0], bars[0], kb0, 1, pages, 0);
-  if (kb0 + 1 < kb1) {
-    issue_kv_half<kReread>(p, sKV[1], bars[1], kb0 + 1, 1, pages, 8);
-    issue_kv_half<kReread>(p, sKV[1], bars[1], kb0 + 1, 0, pages, 8);
-  }
-}
-
-// Lanes 0-7: the chunk pages of a unit's block kb0, lanes 8-15 of kb0 + 1 (num_pages elsewhere,
-// and for a unit without blocks).
-__device__ __forceinline__ int first_block_pages(const MlaParams& p, const UnitWork& w, int lane) {
-  if (lane >= 16 || w.kb0 >= w.kb1) return p.num_pages;
-  const int* bt_row = p.block_tables + (long long)w.unit.b * p.block_table_stride;
-  return chunk_page(p, bt_row, w.kb0 + (lane >> 3), lane & 7, w.unit.kv_len);
-}
-
-// The first unit at or after group g (updated) of the CTA's range that its lane runs: a request's
-// last group may have no unit in this lane. g = the range's end when there is none.
-__device__ __forceinline__ UnitWork next_unit_work(const MlaParams& p, const CtaRange& cr, int& g) {
-  UnitWork w{};
-  for (; g < cr.group_end; ++g) {
-    w = unit_work(p, g, cr.lane_m, cr.beg, cr.end);
-    if (w.valid) break;
-  }
-  return w;
-}
-static_assert(sizeof(UnitWork) <= sizeof(SeesawSmem::next_work), "the next unit fits its smem slot");
-
 // kReread: a request has more rows than the whole grid holds at once (a chunked prefill), so
 // the CTA sets come back to its KV unit after unit: loaded at L2's normal priority, not
 // evict-first, it stays in L2 between them (4 x 2048 query tokens on 8192 KV tokens, H 128:
@@ -424,29 +390,31 @@ __device__ void attention_seesaw(const MlaParams& p) {
   uint32_t loads[2] = {0, 0};  // blocks loaded into each stage so far: the mbarrier phase count
   uint32_t pairs = 0;          // block pairs done so far: the hand-offs' phase count
 
-  // A unit's end overlaps the next unit's start: the next unit is looked up while the last pair's
-  // PVs finish, its Q and first two KV blocks are sent before O is stored (`sent`: they are on
-  // their way, its prologue only waits for them).
-  int grp = cr.group0;
-  UnitWork w = next_unit_work(p, cr, grp);
-  bool sent = false;
-  while (grp < cr.group_end) {
+  for (int grp = cr.group0; grp < cr.group_end; ++grp) {
+    const UnitWork w = unit_work(p, grp, cr.lane_m, cr.beg, cr.end);
+    if (!w.valid) continue;
     const long long t_unit = probe_clock();
     const Unit& unit = w.unit;
     const int kb0 = w.kb0, kb1 = w.kb1, kv_len = unit.kv_len;
     const int* bt_row = p.block_tables + (long long)unit.b * p.block_table_stride;
     const int lim_a = unit_row_limit(p, unit, rw.r_a), lim_b = unit_row_limit(p, unit, rw.r_b);
 
-    // ---- prologue: Q by cp.async, first two blocks by TMA (unless the previous unit's end sent
-    // them), running max reset ----------------------------------------------------------------
+    // ---- prologue: Q by cp.async, first two blocks by TMA, running max reset ----------------
     // Q first, from every warp: the first QK^T needs all of Q but only its block's boxes one by
     // one, so Q must not queue behind 144 KB of KV (warp 0 would otherwise send its part of Q
     // after the TMA, which waits on the block table). Warp 0's page loads go out before it.
-    if (!sent) {
-      const int first_pages = tid < 32 ? first_block_pages(p, w, lane) : p.num_pages;
-      if (kb0 < kb1) load_q_tile(sQ, p, unit.q_row_base, unit.rows);
-      cp_async_commit();
-      if (tid < 32 && kb0 < kb1) issue_first_blocks<kReread>(p, sKV, bars, kb0, kb1, first_pages);
+    // Lanes 0-7 hold block kb0's chunk pages, lanes 8-15 block kb0+1's.
+    const int first_pages =
+        tid < 16 && kb0 < kb1 ? chunk_page(p, bt_row, kb0 + (lane >> 3), lane & 7, kv_len) : p.num_pages;
+    if (kb0 < kb1) load_q_tile(sQ, p, unit.q_row_base, unit.rows);
+    cp_async_commit();
+    if (tid < 32 && kb0 < kb1) {
+      issue_kv_half<kReread>(p, sKV[0], bars[0], kb0, 0, first_pages, 0);
+      issue_kv_half<kReread>(p, sKV[0], bars[0], kb0, 1, first_pages, 0);
+      if (kb0 + 1 < kb1) {
+        issue_kv_half<kReread>(p, sKV[1], bars[1], kb0 + 1, 1, first_pages, 8);
+        issue_kv_half<kReread>(p, sKV[1], bars[1], kb0 + 1, 0, first_pages, 8);
+      }
     }
     if (tid < kBlockM) ss.m[tid] = kMaxInit;
     cp_async_wait_all();
@@ -652,38 +620,13 @@ __device__ void attention_seesaw(const MlaParams& p) {
       ss.row_sum[wg][rw.r_a] = l_a;
       ss.row_sum[wg][rw.r_b] = l_b;
     }
-    // WG1 ends its last pair before WG0 (WG0's PV on P1 is the pair's last wgmma): it looks up the
-    // next unit meanwhile, and warp 4 its first pages.
-    int next_pages = p.num_pages;
-    if (wg == 1) {
-      int g = grp + 1;
-      const UnitWork nw = next_unit_work(p, cr, g);
-      if (tw < 32) next_pages = first_block_pages(p, nw, lane);
-      if (tw == 0) {
-        *reinterpret_cast<UnitWork*>(ss.next_work) = nw;
-        ss.next_grp = g;
-      }
-    }
-    // Past this barrier no thread reads sQ or the stages of this unit again.
     __syncthreads();
-    const int next_grp = ss.next_grp;
-    const UnitWork nw = *reinterpret_cast<const UnitWork*>(ss.next_work);
-    const bool send = next_grp < cr.group_end && nw.kb0 < nw.kb1;
-    if (send) {
-      load_q_tile(sQ, p, nw.unit.q_row_base, nw.unit.rows);
-      cp_async_commit();
-      if (wg == 1 && tw < 32) issue_first_blocks<kReread>(p, sKV, bars, nw.kb0, nw.kb1, next_pages);
-    }
     store_unit_result(p, w, partial_slot(p, cr.set, grp, cr.lane_m), wg, rw.r_a, rw.r_b, rw.q4, o,
                       ss.m[rw.r_a], ss.m[rw.r_b], ss.row_sum[0][rw.r_a] + ss.row_sum[1][rw.r_a],
                       ss.row_sum[0][rw.r_b] + ss.row_sum[1][rw.r_b], bmm2);
-    // The next unit resets m and row_sum, and WG1 rewrites next_work at its end: everyone must be
-    // past this one's reads.
+    // The next unit reuses sQ, the stages, m and row_sum: everyone must be past this one's reads.
     __syncthreads();
     probe_file(kSiteEpilog, t_epilog);
-    grp = next_grp;
-    w = nw;
-    sent = send;
   }
 }
 

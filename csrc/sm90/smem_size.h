@@ -27,8 +27,6 @@ struct SeesawSmem {
   float row_sum[kNumWarpgroups][kBlockM];
   uint64_t bar[2][kNumBoxesQK];       // TMA mbarriers: [stage][box], 8 KB each
   uint64_t hand[4];                   // warpgroup hand-offs (128 arrivals each): kNumHand in attention_seesaw
-  alignas(8) uint8_t next_work[64];   // the CTA's next unit (a UnitWork), looked up at a unit's end
-  int next_grp;                       // its group (the range's end: none)
 };
 constexpr int kSeesawSmemBytes = (int)sizeof(SeesawSmem) + 1024;
 // +128: the planner's static shared memory (80 B: warp totals of its scans) comes on top.
