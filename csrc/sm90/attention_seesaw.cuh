@@ -293,13 +293,27 @@ __device__ __forceinline__ void pack_p(const float (&s)[32], uint32_t (&pk)[16])
   }
 }
 
-// Packed P -> a 128B-swizzled (64, 64) box.
+// Rows r and r + 8 of chunk (base's bits 4-6) ^ T of a swizzled box, see store_p.
+template <int T>
+__device__ __forceinline__ void store_p_chunk(uint32_t base, uint32_t v_a, uint32_t v_b) {
+  asm volatile("{\n .reg .b32 a;\n xor.b32 a, %0, %1;\n st.shared.b32 [a], %2;\n st.shared.b32 [a+1024], %3;\n}\n"
+               ::"r"(base), "n"(T << 4), "r"(v_a), "r"(v_b) : "memory");
+}
+
+// Packed P -> a 128B-swizzled (64, 64) box (1024-byte aligned, as every box). Chunk t of row r
+// sits at r * 128 + ((t ^ (r & 7)) << 4): with r & 7 in bits 4-6 of one base address, each
+// store's address is that base XOR (t << 4), one instruction into a register used once (row
+// r_b = r_a + 8 at +1024), not eight addresses computed ahead beside O, S and P.
 __device__ __forceinline__ void store_p(uint8_t* box, const uint32_t (&pk)[16], const Rows& rw) {
-#pragma unroll
-  for (int t = 0; t < 8; ++t) {
-    *reinterpret_cast<uint32_t*>(box + swizzled(rw.r_a, t) + 4 * rw.q4) = pk[2 * t];
-    *reinterpret_cast<uint32_t*>(box + swizzled(rw.r_b, t) + 4 * rw.q4) = pk[2 * t + 1];
-  }
+  const uint32_t base = smem_u32(box) + swizzled(rw.r_a, 0) + 4 * rw.q4;
+  store_p_chunk<0>(base, pk[0], pk[1]);
+  store_p_chunk<1>(base, pk[2], pk[3]);
+  store_p_chunk<2>(base, pk[4], pk[5]);
+  store_p_chunk<3>(base, pk[6], pk[7]);
+  store_p_chunk<4>(base, pk[8], pk[9]);
+  store_p_chunk<5>(base, pk[10], pk[11]);
+  store_p_chunk<6>(base, pk[12], pk[13]);
+  store_p_chunk<7>(base, pk[14], pk[15]);
 }
 
 // The packed P of this thread's rows in a swizzled (64, 64) box (as store_p wrote them) *= per-row
