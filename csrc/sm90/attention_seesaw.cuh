@@ -293,6 +293,13 @@ __device__ __forceinline__ void pack_p(const float (&s)[32], uint32_t (&pk)[16])
   }
 }
 
+// A P box's address of this thread's first word (row r_a, chunk 0; the box is 1024-byte aligned,
+// as every box): chunk t of row r sits at r * 128 + ((t ^ (r & 7)) << 4), so with r_a & 7 in bits
+// 4-6 chunk t of row r_a is this base XOR (t << 4), and of row r_b = r_a + 8 1024 bytes past it.
+__device__ __forceinline__ uint32_t p_box_base(const uint8_t* box, const Rows& rw) {
+  return smem_u32(box) + swizzled(rw.r_a, 0) + 4 * rw.q4;
+}
+
 // Rows r and r + 8 of chunk (base's bits 4-6) ^ T of a swizzled box, see store_p.
 template <int T>
 __device__ __forceinline__ void store_p_chunk(uint32_t base, uint32_t v_a, uint32_t v_b) {
@@ -300,12 +307,10 @@ __device__ __forceinline__ void store_p_chunk(uint32_t base, uint32_t v_a, uint3
                ::"r"(base), "n"(T << 4), "r"(v_a), "r"(v_b) : "memory");
 }
 
-// Packed P -> a 128B-swizzled (64, 64) box (1024-byte aligned, as every box). Chunk t of row r
-// sits at r * 128 + ((t ^ (r & 7)) << 4): with r & 7 in bits 4-6 of one base address, each
-// store's address is that base XOR (t << 4), one instruction into a register used once (row
-// r_b = r_a + 8 at +1024), not eight addresses computed ahead beside O, S and P.
+// Packed P -> a 128B-swizzled (64, 64) box. Each store's address is p_box_base XOR (t << 4), one
+// instruction into a register used once, not eight addresses computed ahead beside O, S and P.
 __device__ __forceinline__ void store_p(uint8_t* box, const uint32_t (&pk)[16], const Rows& rw) {
-  const uint32_t base = smem_u32(box) + swizzled(rw.r_a, 0) + 4 * rw.q4;
+  const uint32_t base = p_box_base(box, rw);
   store_p_chunk<0>(base, pk[0], pk[1]);
   store_p_chunk<1>(base, pk[2], pk[3]);
   store_p_chunk<2>(base, pk[4], pk[5]);
@@ -321,11 +326,15 @@ __device__ __forceinline__ void store_p(uint8_t* box, const uint32_t (&pk)[16], 
 // rare step (a block moved the lazy max), so a rolled loop: no registers held beside O and P1.
 __device__ __forceinline__ bool scale_p_box(uint8_t* box, const Rows& rw, float f_a, float f_b) {
   if (!__any_sync(0xffffffffu, f_a != 1.f || f_b != 1.f)) return false;
+  const uint32_t base = p_box_base(box, rw);
 #pragma unroll 1
-  for (int j = 0; j < 16; ++j) {
-    const float f = j % 2 == 0 ? f_a : f_b;
-    uint32_t* x = reinterpret_cast<uint32_t*>(box + swizzled(j % 2 == 0 ? rw.r_a : rw.r_b, j / 2) + 4 * rw.q4);
-    *x = pack_bf16x2(__uint_as_float(*x << 16) * f, __uint_as_float(*x & 0xffff0000u) * f);
+  for (int t = 0; t < 8; ++t) {
+    const uint32_t a = base ^ (t << 4);
+    uint32_t x_a, x_b;
+    asm volatile("ld.shared.b32 %0, [%2];\n ld.shared.b32 %1, [%2+1024];\n" : "=r"(x_a), "=r"(x_b) : "r"(a) : "memory");
+    x_a = pack_bf16x2(__uint_as_float(x_a << 16) * f_a, __uint_as_float(x_a & 0xffff0000u) * f_a);
+    x_b = pack_bf16x2(__uint_as_float(x_b << 16) * f_b, __uint_as_float(x_b & 0xffff0000u) * f_b);
+    asm volatile("st.shared.b32 [%0], %1;\n st.shared.b32 [%0+1024], %2;\n" ::"r"(a), "r"(x_a), "r"(x_b) : "memory");
   }
   return true;
 }
