@@ -8,7 +8,7 @@
 #   .ab/pd   1bde477 alone (cubin 5b45a04c)
 # Device: bash .ab/run_s34a.sh COMMIT, carry [".gpu-wheels", ".ab/pre", ".ab/pd", ".ab/run_s34a.sh"],
 # timeout 600 (all of .ab is ~48 MB, near the 64 MiB carry limit with the wheels). The full
-# validation of the merged commit (GPU suite 232 expected: 6 new cases with 192-token pages),
+# validation of the merged commit (GPU suite 234 expected: 8 new cases with 192-token pages),
 # then validate_gpu.sh's 2-round A/B on all rows: pre / main and pd / main, > 1 where the
 # merged kernel is faster. (The probe pw2 measured 0.95-0.995 of main on the H 128 and fp8 rows
 # for the page division alone.) ~350 s + 2 x 80 s.
