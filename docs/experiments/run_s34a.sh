@@ -1,9 +1,8 @@
 #!/bin/bash
-# Session 34, call 1 (prepared in Session 33). Before it, here: `git merge s33-page-div` (its tests
-# commits 2d50f5d and 794cf7d, and two
-# kernel commits on e7acd81: 1bde477 page ids and rows by multiply-shift, cubin sha256 5b45a04c;
-# 2cf86c3 the merge's LSE loops past 128 splits rolled, cubin sha256 c33036ce). Check that
-# cubins/sm_90a/mla_sm90.cubin is c33036ce after the merge.
+# Session 34, call 1 (prepared in Session 33). Before it, here: `git merge s33-page-div`, four
+# commits on e7acd81: 1bde477 page ids and rows by multiply-shift (cubin sha256 5b45a04c),
+# 2cf86c3 the merge's LSE loops past 128 splits rolled (cubin c33036ce), 2d50f5d and 794cf7d
+# tests. Check that cubins/sm_90a/mla_sm90.cubin is c33036ce after the merge.
 # Variants, prepared in Session 33 (git-ignored trees, ~12 MB each):
 #   .ab/pre  main before both (0dfc1bd's kernel, cubin 93b2ebdd)
 #   .ab/pd   1bde477 alone (cubin 5b45a04c)
