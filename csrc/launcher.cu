@@ -698,6 +698,7 @@ void run_attention(TensorView out, Optional<TensorView> lse, TensorView query, T
   p.batch = static_cast<int>(batch_size);
   p.num_heads = static_cast<int>(num_heads);
   p.page_size = static_cast<int>(page_size);
+  p.page_div = make_page_div(page_size);
   p.sinks = attention_sinks.has_value() ? reinterpret_cast<const float*>(data_of(*attention_sinks)) : nullptr;
   p.bmm1_scale_ptr = s1.ptr;
   p.bmm2_scale_ptr = s2.ptr;

@@ -98,7 +98,7 @@ MATRIX = [
     (257, (0, 2), 128, 32, "short", True, {"pool_padding": 8}),
     (1, (5, 5), 64, 32, "long", True, {}),
     (64, (1, 4), 128, 64, "mixed", True, {"sinks": True}),
-    # other page sizes: 8..128 take the TMA kernel, 1 and 24 the cp.async (any page size) one
+    # other page sizes: 8..256 take the TMA kernel, 1 and 24 the cp.async (any page size) one
     (16, 1, 16, 16, "mixed", False, {}),
     (16, 2, 128, 128, "mixed", False, {}),
     (16, (0, 4), 64, 16, "mixed", True, {}),
@@ -107,6 +107,9 @@ MATRIX = [
     (8, (0, 4), 128, 1, "short", True, {"sinks": True}),
     (8, 1, 64, 24, "mixed", False, {}),
     (4, 3, 128, 256, "mixed", False, {"pool_padding": 8}),
+    # TMA pages that are not a power of two: page ids and rows by multiply-shift (page_div.h)
+    (8, (0, 4), 128, 192, "mixed", True, {}),
+    (16, 2, 16, 192, "mixed", False, {}),
     # uniform lengths, more groups than CTA sets: whole groups per set, no split
     (257, 1, 32, 64, "uniform", False, {}),
     (130, 1, 128, 64, "uniform", False, {"sinks": True}),
@@ -143,6 +146,7 @@ FP8_MATRIX = [
     (257, 1, 32, 16, "short", {"cache_4d": True, "pool_padding": 8}),
     (8, 1, 16, 8, "mixed", {"bmm2": 0.5}),
     (16, 2, 16, 128, "mixed", {}),
+    (16, 2, 16, 192, "mixed", {}),  # TMA pages that are not a power of two (page_div.h)
     (257, 1, 16, 64, "uniform", {}),
     (3, 8, 3, 32, "mixed", {"sinks": True}),
     # page sizes TMA does not fit: the cp.async twins (_fp8_any)
@@ -160,6 +164,7 @@ FP8_MATRIX = [
     (64, 4, 16, 64, "mixed", {"bmm2": 0.5}),
     (3, 17, 3, 24, "mixed", {}),
     (130, 1, 128, 64, "uniform", {}),
+    (8, 1, 128, 192, "mixed", {}),  # the wide kernel on TMA pages of 192 tokens
     # ragged (zero-length requests included)
     (64, (0, 4), 16, 64, "mixed", {"tensor_scales": True}),
     (64, (0, 2), 16, 64, "mixed", {"sinks": True}),

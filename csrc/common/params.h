@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include "page_div.h"
+
 namespace jit_mla {
 
 // A position in the plan's work order: KV block `block` of group `group`. A unit is a tile of
@@ -38,6 +40,7 @@ struct MlaParams {
   int batch;
   int num_heads;
   int page_size;
+  PageDiv page_div;           // page_size as a multiply-shift divisor (page_index, page_row)
 
   const float* sinks;         // [H] float32 or null; logit units (not scaled by bmm1_scale)
   const float* bmm1_scale_ptr;  // one float32 on the device, or null: use bmm1_scale
