@@ -107,7 +107,9 @@ __device__ __forceinline__ int find_request_warp(const MlaParams& p, int g, int*
 
 // Row r's weights 2^(lse_j - lse) into weight[0, n) and its lse = log2 sum_j 2^lse_j.
 // The first kHeldLse * 32 LSEs (every split on a 132-SM GPU) are loaded in one round into
-// registers: a loop stores each before the next load issues, a round trip per 32 splits.
+// registers: a loop stores each before the next load issues, a round trip per 32 splits. The
+// loops over splits past those stay rolled: they run only beyond 128 splits, and unrolled (by
+// the compiler, 4x with remainders) they were ~1,100 instructions of every kernel's code.
 constexpr int kHeldLse = 4;
 __device__ __forceinline__ float row_weights(const MlaParams& p, const int* slots, float* weight,
                                              int n, int r) {
@@ -121,6 +123,7 @@ __device__ __forceinline__ float row_weights(const MlaParams& p, const int* slot
   float mx = -INFINITY;
 #pragma unroll
   for (int i = 0; i < kHeldLse; ++i) mx = fmaxf(mx, x[i]);
+#pragma unroll 1
   for (int j = lane + 32 * kHeldLse; j < n; j += 32) {
     const float y = __ldcg(p.partial_lse + slots[j] * kBlockM + r);
     weight[j] = y;  // this lane's own entries until the weights replace them
@@ -133,6 +136,7 @@ __device__ __forceinline__ float row_weights(const MlaParams& p, const int* slot
     float sum = 0.f;  // entries past n are -inf: 0
 #pragma unroll
     for (int i = 0; i < kHeldLse; ++i) sum += exp2f(x[i] - mx);
+#pragma unroll 1
     for (int j = lane + 32 * kHeldLse; j < n; j += 32) sum += exp2f(weight[j] - mx);
 #pragma unroll
     for (int d = 16; d > 0; d >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, d);
@@ -143,6 +147,7 @@ __device__ __forceinline__ float row_weights(const MlaParams& p, const int* slot
     const int j = lane + 32 * i;
     if (j < n) weight[j] = lse == -INFINITY ? 0.f : exp2f(x[i] - lse);
   }
+#pragma unroll 1
   for (int j = lane + 32 * kHeldLse; j < n; j += 32) weight[j] = lse == -INFINITY ? 0.f : exp2f(weight[j] - lse);
   __syncwarp();
   return lse;
