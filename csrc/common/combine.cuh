@@ -135,20 +135,20 @@ __device__ __forceinline__ float row_weights(const MlaParams& p, const int* slot
   if (mx != -INFINITY) {
     float sum = 0.f;  // entries past n are -inf: 0
 #pragma unroll
-    for (int i = 0; i < kHeldLse; ++i) sum += exp2f(x[i] - mx);
+    for (int i = 0; i < kHeldLse; ++i) sum += exp2_approx(x[i] - mx);
 #pragma unroll 1
-    for (int j = lane + 32 * kHeldLse; j < n; j += 32) sum += exp2f(weight[j] - mx);
+    for (int j = lane + 32 * kHeldLse; j < n; j += 32) sum += exp2_approx(weight[j] - mx);
 #pragma unroll
     for (int d = 16; d > 0; d >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, d);
-    lse = mx + log2f(sum);
+    lse = mx + log2_approx(sum);
   }
 #pragma unroll
   for (int i = 0; i < kHeldLse; ++i) {
     const int j = lane + 32 * i;
-    if (j < n) weight[j] = lse == -INFINITY ? 0.f : exp2f(x[i] - lse);
+    if (j < n) weight[j] = lse == -INFINITY ? 0.f : exp2_approx(x[i] - lse);
   }
 #pragma unroll 1
-  for (int j = lane + 32 * kHeldLse; j < n; j += 32) weight[j] = lse == -INFINITY ? 0.f : exp2f(weight[j] - lse);
+  for (int j = lane + 32 * kHeldLse; j < n; j += 32) weight[j] = lse == -INFINITY ? 0.f : exp2_approx(weight[j] - lse);
   __syncwarp();
   return lse;
 }
@@ -318,12 +318,12 @@ __device__ __forceinline__ void merge_rows(const MlaParams& p, const Unit& unit,
   float mx = x;
 #pragma unroll
   for (int d = kSeg / 2; d > 0; d >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, d));
-  float sum = mx == -INFINITY ? 0.f : exp2f(x - mx);
+  float sum = mx == -INFINITY ? 0.f : exp2_approx(x - mx);
 #pragma unroll
   for (int d = kSeg / 2; d > 0; d >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, d);
-  const float lse = mx == -INFINITY ? -INFINITY : mx + log2f(sum);
+  const float lse = mx == -INFINITY ? -INFINITY : mx + log2_approx(sum);
   __syncwarp();  // the previous row's weights no longer read
-  weight[lane] = lse == -INFINITY ? 0.f : exp2f(x - lse);  // row i's at weight[i kSeg + j]
+  weight[lane] = lse == -INFINITY ? 0.f : exp2_approx(x - lse);  // row i's at weight[i kSeg + j]
   __syncwarp();
   me_mark(kMeWeights);
   cp_async_wait_all();

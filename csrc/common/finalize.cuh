@@ -3,6 +3,8 @@
 #pragma once
 #include <cmath>
 
+#include "device_utils.cuh"
+
 namespace jit_mla {
 
 constexpr float kLog2e = 1.4426950408889634f;
@@ -22,9 +24,9 @@ __device__ __forceinline__ RowFinal finalize_row(float lse2, const float* sinks,
     // The sink adds exp(sink) to the softmax denominator only: O shrinks by 2^(lse2 - lse).
     const float s2 = sinks[head] * kLog2e;
     const float mx = fmaxf(lse2, s2);
-    lse = mx + log2f(exp2f(lse2 - mx) + exp2f(s2 - mx));
+    lse = mx + log2_approx(exp2_approx(lse2 - mx) + exp2_approx(s2 - mx));
   }
-  return RowFinal{bmm2_scale * exp2f(lse2 - lse), lse};
+  return RowFinal{bmm2_scale * exp2_approx(lse2 - lse), lse};
 }
 
 }  // namespace jit_mla

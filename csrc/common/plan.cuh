@@ -94,17 +94,20 @@ __device__ void plan_splits(const MlaParams& p, PlanScratch<NT>& scratch) {
   if (p.cum_q == nullptr) {
     // A uniform q_len: every request has the same number of groups, no scan.
     const long long ng = request_num_groups(p, 0);
+#pragma unroll 1
     for (int b = tid; b <= B; b += NT) p.group_prefix[b] = (int)min(b * ng, (long long)p.max_groups);
     num_groups = (int)min(B * ng, (long long)p.max_groups);
   } else {
     const int chunk = (B + NT - 1) / NT;
     const int b0 = min(B, tid * chunk), b1 = min(B, b0 + chunk);
     long long local = 0;
+#pragma unroll 1
     for (int b = b0; b < b1; ++b) local += request_num_groups(p, b);
     long long total;
     long long run = block_exclusive_scan<NT>(local, &total, scratch.warp);
     // Valid prefix sums never exceed max_groups (the workspace's bound); overlapping ragged
     // ranges (an invalid cum_seq_lens_q) could: their excess groups are dropped, not written.
+#pragma unroll 1
     for (int b = b0; b < b1; ++b) {
       p.group_prefix[b] = (int)min(run, (long long)p.max_groups);
       run += request_num_groups(p, b);
@@ -123,6 +126,7 @@ __device__ void plan_splits(const MlaParams& p, PlanScratch<NT>& scratch) {
     int cmin = INT_MAX, cmax = INT_MIN;
     const int b_g0 = g0 < g1 ? find_request(p, g0) : 0;  // one search (a chain of global reads)
     int b = b_g0;
+#pragma unroll 1
     for (int g = g0; g < g1; ++g) {
       while (p.group_prefix[b + 1] <= g) ++b;
       const int c = kUnitOverheadBlocks + group_num_blocks(p, b, g - p.group_prefix[b]);
@@ -136,6 +140,7 @@ __device__ void plan_splits(const MlaParams& p, PlanScratch<NT>& scratch) {
     }
     long long run = block_exclusive_scan<NT>(local, &W, scratch.warp);  // its barriers publish the atomics
     b = b_g0;
+#pragma unroll 1
     for (int g = g0; g < g1; ++g) {
       while (p.group_prefix[b + 1] <= g) ++b;
       run += kUnitOverheadBlocks + group_num_blocks(p, b, g - p.group_prefix[b]);
@@ -181,6 +186,7 @@ __device__ void plan_splits(const MlaParams& p, PlanScratch<NT>& scratch) {
       }
     }
   }
+#pragma unroll 1
   for (int s = tid; s <= S; s += NT) {
     WorkPos pos{num_groups, 0};
     if (groups_per_set > 0) {
@@ -210,6 +216,7 @@ __device__ void plan_splits(const MlaParams& p, PlanScratch<NT>& scratch) {
   //    bound is uniform: every thread scans).
   {
     long long listed = 0;
+#pragma unroll 1
     for (int base = 0; base < S; base += NT) {
       const int s = base + tid;
       bool first_cut = false;
