@@ -1,0 +1,116 @@
+"""Code size of the kernels in a cubin, on the host (no GPU): what a code-size experiment counts
+before it spends device time (docs/perf-notes.md, Next 00: instructions out of the cold plan and
+merge paths gave the small rows ~1% per ~500).
+
+    python benchmarks/cubin_stats.py sizes cubins/sm_90a/mla_sm90.cubin [.ab/NAME/cubins/sm_90a/mla_sm90.cubin]
+    python benchmarks/cubin_stats.py spills CUBIN [OTHER]
+    python benchmarks/cubin_stats.py lines CUBIN mla_sm90_attention_short [--top 30]
+
+sizes: instructions per kernel (its ELF .text section / 16 bytes), and the change to OTHER.
+spills: STL / LDL instructions per kernel. lines: a kernel's instructions per source file and per
+source line (`nvdisasm -gi`, innermost frame; the cubin build passes -lineinfo). spills and lines need nvdisasm
+($JIT_MLA_NVDISASM, the toolkit's, or the `nvidia-cuda-nvdisasm` wheel's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import re
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from jit_mla import sass  # noqa: E402  (the disassembler lookup)
+from pc_stalls import sass_chains  # noqa: E402  (nvdisasm -gi text -> per-instruction inline chains)
+
+_TEXT = ".text."
+_SECTION = re.compile(r"\s*\.section\s+\.text\.([^,\s]+)")
+
+
+def kernel_sizes(data: bytes) -> dict[str, int]:
+    """Instructions per kernel of an ELF64 cubin: its .text.<kernel> section size / 16."""
+    if data[:4] != b"\x7fELF" or data[4] != 2:
+        raise ValueError("not an ELF64 cubin")
+    (shoff,) = struct.unpack_from("<Q", data, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
+    headers = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
+    names_at = headers[shstrndx][4]  # sh_offset of the section-name string table
+
+    def name(offset: int) -> str:
+        start = names_at + offset
+        return data[start:data.index(b"\0", start)].decode()
+
+    sizes = {}
+    for h in headers:
+        n = name(h[0])
+        if n.startswith(_TEXT):
+            sizes[n[len(_TEXT):]] = h[5] // 16  # sh_size; SASS instructions are 16 bytes on sm_90
+    return sizes
+
+
+def _nvdisasm(args: list[str], cubin: str) -> str:
+    cmd = sass.disassembler()
+    if cmd is None or "nvdisasm" not in Path(cmd[0]).name:
+        raise SystemExit("needs nvdisasm: set JIT_MLA_NVDISASM (e.g. from the nvidia-cuda-nvdisasm wheel)")
+    return subprocess.run([cmd[0], *args, cubin], check=True, capture_output=True, text=True).stdout
+
+
+def spill_counts(cubin: str) -> dict[str, int]:
+    """STL / LDL instructions per kernel."""
+    counts: dict[str, int] = collections.Counter()
+    kernel = None
+    for line in _nvdisasm([], cubin).splitlines():
+        m = _SECTION.match(line)
+        if m:
+            kernel = m.group(1)
+        elif kernel and re.search(r"\b(STL|LDL)\b", line):
+            counts[kernel] += 1
+    return counts
+
+
+def line_counts(cubin: str, kernel: str) -> collections.Counter:
+    """One kernel's instructions per innermost (source file name, line)."""
+    chains = sass_chains(_nvdisasm(["-gi", "-c"], cubin).splitlines(), kernel)
+    return collections.Counter(chain[0] if chain else ("?", 0) for chain in chains)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    for cmd in ("sizes", "spills"):
+        p = sub.add_parser(cmd)
+        p.add_argument("cubin")
+        p.add_argument("other", nargs="?")
+    p = sub.add_parser("lines")
+    p.add_argument("cubin")
+    p.add_argument("kernel")
+    p.add_argument("--top", type=int, default=30)
+    args = ap.parse_args()
+    if args.cmd == "lines":
+        counts = line_counts(args.cubin, args.kernel)
+        files: collections.Counter = collections.Counter()
+        for (f, _), n in counts.items():
+            files[f] += n
+        print(f"{args.kernel}: {sum(counts.values())} instructions")
+        for f, n in files.most_common():
+            print(f"{n:7d}  {f}")
+        print()
+        for (f, ln), n in counts.most_common(args.top):
+            print(f"{n:7d}  {f}:{ln}")
+        return
+    count = (lambda c: kernel_sizes(Path(c).read_bytes())) if args.cmd == "sizes" else spill_counts
+    a = count(args.cubin)
+    b = count(args.other) if args.other else None
+    for k in sorted(set(a) | set(b or {})):
+        row = f"{a.get(k, 0):7d}"
+        if b is not None:
+            row += f" {b.get(k, 0):7d} {b.get(k, 0) - a.get(k, 0):+6d}"
+        print(f"{row}  {k}")
+
+
+if __name__ == "__main__":
+    main()
