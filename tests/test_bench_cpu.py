@@ -9,23 +9,15 @@ import sys
 from pathlib import Path
 
 import pytest
+from bench_scripts import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "bench_mla.py"
 
 
-def _load(name: str):
-    """benchmarks/<name>.py as module `name` (registered: dataclasses look their module up there)."""
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def bench():
-    return _load("bench_mla")
+    return load_benchmark("bench_mla")
 
 
 def _by_name(bench, name):
@@ -94,7 +86,7 @@ def test_roofline_at_the_rows_clock(bench):
 
 
 def test_smi_sampler_lines_and_windows():
-    smi = _load("smi_sampler")
+    smi = load_benchmark("smi_sampler")
     assert smi.parse_line("1755, 690.21\n") == (1755.0, 690.21)
     assert smi.parse_line("[N/A], 80.5") is None and smi.parse_line("garbage") is None
     samples = [(0.0, 1980.0, 300.0), (1.0, 1700.0, 690.0), (1.1, 1720.0, 700.0), (1.2, 1740.0, 695.0),
@@ -192,7 +184,7 @@ def test_probe_script_without_a_gpu(monkeypatch):
     """benchmarks/probe_seesaw.py: its pair count by hand, and --help without a GPU."""
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))  # its imports of sibling scripts
     probe = ROOT / "benchmarks" / "probe_seesaw.py"
-    module = _load("probe_seesaw")
+    module = load_benchmark("probe_seesaw")
     # B128 q1 H128 kv4096: 2 units per request, 32 pairs each, 8192 pairs over 132 SMs.
     assert module.pairs_per_cta(128, 1, 128, 4096, 132) == pytest.approx(8192 / 132)
     # H16 q1: one 64-row unit per request holds the 16 rows.
@@ -204,7 +196,7 @@ def test_probe_script_without_a_gpu(monkeypatch):
 def test_trace_script_without_a_gpu(monkeypatch):
     """benchmarks/trace_phases.py: the probe's printf lines parsed and summed up by hand."""
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    trace = _load("trace_phases")
+    trace = load_benchmark("trace_phases")
     text = (
         "noise\n"
         "jit_mla-trace cta=1 sm=7 t=1000,3000,5000,45000,47000,52000\n"
@@ -272,7 +264,7 @@ def test_trace_script_without_a_gpu(monkeypatch):
 def test_ab_script_without_a_gpu(monkeypatch):
     """benchmarks/ab.py: the same-run table (medians, ratio to main) and its command line."""
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    ab = _load("ab")
+    ab = load_benchmark("ab")
     times = {"main": [{"s0": 10.0, "s1": 20.0}, {"s0": 12.0, "s1": 20.0}],
              "v": [{"s0": 9.0, "s1": 22.0}, {"s0": 9.0, "s1": 23.0}]}
     lines = ab.summarize(times)
@@ -291,7 +283,7 @@ def test_ab_pack_round_trip(tmp_path, monkeypatch):
     """ab.py pack / unpack: the prepared trees into one archive and back, as the device host
     unpacks it before a run."""
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    ab = _load("ab")
+    ab = load_benchmark("ab")
     monkeypatch.setattr(ab, "AB_DIR", tmp_path)
     with pytest.raises(SystemExit, match="no prepared variants"):
         ab.pack()

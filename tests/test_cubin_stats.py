@@ -2,22 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+from bench_scripts import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def stats():
-    spec = importlib.util.spec_from_file_location("cubin_stats", ROOT / "benchmarks" / "cubin_stats.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["cubin_stats"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("cubin_stats")
 
 
 def test_every_kernel_has_its_code_counted(stats):

@@ -3,23 +3,14 @@
 from __future__ import annotations
 
 import csv
-import importlib.util
 import io
-import sys
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
-
+from bench_scripts import load_benchmark
 
 @pytest.fixture(scope="module")
 def pcs():
-    spec = importlib.util.spec_from_file_location("pc_stalls", ROOT / "benchmarks" / "pc_stalls.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["pc_stalls"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("pc_stalls")
 
 
 # Two kernels as `nvdisasm -gi -c` prints them: annotations (innermost first) before each
