@@ -17,14 +17,13 @@ from __future__ import annotations
 import argparse
 import collections
 import re
-import struct
 import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from jit_mla import sass  # noqa: E402  (the disassembler lookup)
+from jit_mla import cubins, sass  # noqa: E402  (the ELF reader, the disassembler lookup)
 from pc_stalls import sass_chains  # noqa: E402  (nvdisasm -gi text -> per-instruction inline chains)
 
 _TEXT = ".text."
@@ -32,24 +31,10 @@ _SECTION = re.compile(r"\s*\.section\s+\.text\.([^,\s]+)")
 
 
 def kernel_sizes(data: bytes) -> dict[str, int]:
-    """Instructions per kernel of an ELF64 cubin: its .text.<kernel> section size / 16."""
-    if data[:4] != b"\x7fELF" or data[4] != 2:
-        raise ValueError("not an ELF64 cubin")
-    (shoff,) = struct.unpack_from("<Q", data, 0x28)
-    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
-    headers = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
-    names_at = headers[shstrndx][4]  # sh_offset of the section-name string table
-
-    def name(offset: int) -> str:
-        start = names_at + offset
-        return data[start:data.index(b"\0", start)].decode()
-
-    sizes = {}
-    for h in headers:
-        n = name(h[0])
-        if n.startswith(_TEXT):
-            sizes[n[len(_TEXT):]] = h[5] // 16  # sh_size; SASS instructions are 16 bytes on sm_90
-    return sizes
+    """Instructions per kernel of a cubin: its .text.<kernel> section size / 16 (SASS
+    instructions are 16 bytes on sm_90). ValueError when `data` is no ELF64 file."""
+    return {name[len(_TEXT):]: size // 16 for name, _, _, size, _, _ in cubins.elf_sections(data)
+            if name.startswith(_TEXT)}
 
 
 def _nvdisasm(args: list[str], cubin: str) -> str:

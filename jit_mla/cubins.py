@@ -327,27 +327,38 @@ def check_ptxas_output(text: str, probe: int = 0) -> None:
     )
 
 
+def elf_sections(data: bytes) -> list[tuple[str, int, int, int, int, int]]:
+    """(name, sh_type, offset, size, link, entsize) of each section of a little-endian ELF64 file
+    (a cubin). ValueError when it is not one; a truncated one raises struct.error or IndexError."""
+    if data[:6] != b"\x7fELF\x02\x01":
+        raise ValueError("not a little-endian ELF64 file")
+    (shoff,) = struct.unpack_from("<Q", data, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
+    headers = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
+    names_at = headers[shstrndx][4]  # the section-name string table's offset
+
+    def name(offset: int) -> str:
+        start = names_at + offset
+        return data[start : data.index(b"\0", start)].decode()
+
+    return [(name(h[0]), h[1], h[4], h[5], h[6], h[9]) for h in headers]
+
+
 def _function_symbols(data: bytes) -> set[str]:
     """Names of the FUNC symbols in an ELF64 cubin's symbol table (what `nm` would list)."""
-    if data[:6] != b"\x7fELF\x02\x01":
-        return set()  # not a little-endian ELF64: it holds no kernels we can name
     names: set[str] = set()
     try:
-        (shoff,) = struct.unpack_from("<Q", data, 0x28)
-        shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
-        sections = [
-            struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)
-        ]
-        for _, sh_type, _, _, offset, size, link, _, _, entsize in sections:
+        sections = elf_sections(data)
+        for _, sh_type, offset, size, link, entsize in sections:
             if sh_type != 2 or not entsize:  # SHT_SYMTAB
                 continue
-            strtab = sections[link][4]
+            strtab = sections[link][2]
             for pos in range(offset, offset + size, entsize):
                 st_name, st_info = struct.unpack_from("<IB", data, pos)
                 if st_info & 0xF == 2:  # STT_FUNC
                     end = data.index(b"\0", strtab + st_name)
                     names.add(data[strtab + st_name : end].decode())
-    except (struct.error, IndexError, ValueError):  # truncated or garbled ELF
+    except (struct.error, IndexError, ValueError):  # not an ELF64, or truncated or garbled
         return set()
     return names
 
