@@ -697,8 +697,8 @@ void run_attention(TensorView out, Optional<TensorView> lse, TensorView query, T
   p.max_pages = static_cast<int>(std::min<int64_t>(block_tables.size(1), INT32_MAX));
   p.batch = static_cast<int>(batch_size);
   p.num_heads = static_cast<int>(num_heads);
-  p.page_size = static_cast<int>(page_size);
-  p.page_div = make_page_div(page_size);
+  p.page_div = make_fast_div(page_size);
+  p.head_div = make_fast_div(num_heads);
   p.sinks = attention_sinks.has_value() ? reinterpret_cast<const float*>(data_of(*attention_sinks)) : nullptr;
   p.bmm1_scale_ptr = s1.ptr;
   p.bmm2_scale_ptr = s2.ptr;
@@ -714,6 +714,7 @@ void run_attention(TensorView out, Optional<TensorView> lse, TensorView query, T
   p.partial_o = reinterpret_cast<float*>(ws_base + ws.partial_o);
   p.max_groups = static_cast<int>(max_units);
   p.m_group = ctas.m_group;
+  p.m_group_log2 = __builtin_ctz(static_cast<unsigned>(ctas.m_group));  // m_group: 1, 2 or 4
   p.num_ctas = ctas.num_ctas;
   p.unit_rows_log2 = unit_rows_log2;
   p.num_pages = static_cast<int>(key_cache.size(0));

@@ -107,7 +107,7 @@ MATRIX = [
     (8, (0, 4), 128, 1, "short", True, {"sinks": True}),
     (8, 1, 64, 24, "mixed", False, {}),
     (4, 3, 128, 256, "mixed", False, {"pool_padding": 8}),
-    # TMA pages that are not a power of two: page ids and rows by multiply-shift (page_div.h)
+    # TMA pages that are not a power of two: page ids and rows by multiply-shift (fast_div.h)
     (8, (0, 4), 128, 192, "mixed", True, {}),
     (16, 2, 16, 192, "mixed", False, {}),
     # uniform lengths, more groups than CTA sets: whole groups per set, no split
@@ -146,7 +146,7 @@ FP8_MATRIX = [
     (257, 1, 32, 16, "short", {"cache_4d": True, "pool_padding": 8}),
     (8, 1, 16, 8, "mixed", {"bmm2": 0.5}),
     (16, 2, 16, 128, "mixed", {}),
-    (16, 2, 16, 192, "mixed", {}),  # TMA pages that are not a power of two (page_div.h)
+    (16, 2, 16, 192, "mixed", {}),  # TMA pages that are not a power of two (fast_div.h)
     (257, 1, 16, 64, "uniform", {}),
     (3, 8, 3, 32, "mixed", {"sinks": True}),
     # page sizes TMA does not fit: the cp.async twins (_fp8_any)

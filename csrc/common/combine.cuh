@@ -65,7 +65,7 @@ __device__ __forceinline__ SetRange load_set_range(const MlaParams& p, int s, in
 __device__ __forceinline__ int collect_slots(const MlaParams& p, int grp, int first_set, int lane_m,
                                              SetRange first, int* slots) {
   const int lane = threadIdx.x & 31;
-  const int num_sets = p.num_ctas / p.m_group;
+  const int num_sets = p.num_ctas >> p.m_group_log2;
   int count = 0;
   SetRange r = first;
   for (int base = first_set; base < num_sets; base += 32) {
@@ -225,7 +225,7 @@ __device__ __forceinline__ void store_row(const MlaParams& p, const Unit& unit, 
 #pragma unroll
       for (int e = 0; e < 8; ++e) acc[h][e] += __shfl_xor_sync(0xffffffffu, acc[h][e], 16);
   }
-  const int head = (unit.row0 + r) % p.num_heads;
+  const int head = fast_mod(unit.row0 + r, p.head_div);
   const RowFinal fin = finalize_row(lse, p.sinks, head, bmm2);
   const long long row = unit.q_row_base + r;
   if (!kPair || lane < 16) {
@@ -343,12 +343,12 @@ __device__ __forceinline__ void merge_rows(const MlaParams& p, const Unit& unit,
 // same values) and the inputs, so it may run before the grid barrier completes.
 __device__ __forceinline__ int lookup_unit(const MlaParams& p, int u, int* slots, Unit* unit) {
   me_mark(kMeUnit);
-  const int grp = p.split_groups[1 + 2 * (u / p.m_group)], lane_m = u % p.m_group;
-  const int first_set = p.split_groups[2 + 2 * (u / p.m_group)];
+  const int grp = p.split_groups[1 + 2 * (u >> p.m_group_log2)], lane_m = u & (p.m_group - 1);
+  const int first_set = p.split_groups[2 + 2 * (u >> p.m_group_log2)];
   // Three rounds of dependent loads before the partials (B <= 32, a scan of <= 32 sets): the
   // split list; the set ranges with the request search; the request's lengths (make_unit)
   // while the slots are scanned. Larger batches add a search step each.
-  const SetRange first = load_set_range(p, first_set + (threadIdx.x & 31), p.num_ctas / p.m_group);
+  const SetRange first = load_set_range(p, first_set + (threadIdx.x & 31), p.num_ctas >> p.m_group_log2);
   int prefix;
   const int b = find_request_warp(p, grp, &prefix);
   me_mark(kMeSearched);

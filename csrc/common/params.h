@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "page_div.h"
+#include "fast_div.h"
 
 namespace jit_mla {
 
@@ -39,8 +39,8 @@ struct MlaParams {
   int max_pages;              // block_tables.size(1): KV lengths are clamped to max_pages * page_size
   int batch;
   int num_heads;
-  int page_size;
-  PageDiv page_div;           // page_size as a multiply-shift divisor (page_index, page_row)
+  FastDiv page_div;           // page size as a multiply-shift divisor (a token's page and row; .d is the size)
+  FastDiv head_div;           // num_heads, likewise (a query row's token and head)
 
   const float* sinks;         // [H] float32 or null; logit units (not scaled by bmm1_scale)
   const float* bmm1_scale_ptr;  // one float32 on the device, or null: use bmm1_scale
@@ -64,6 +64,7 @@ struct MlaParams {
   int max_groups;             // upper bound of the group count (sizes cost_prefix)
   int num_ctas;               // grid of the attention kernel (cooperative), a multiple of m_group
   int m_group;                // CTAs per set: units of a group run side by side (1, 2 or 4)
+  int m_group_log2;           // its log2: the device divides by m_group with shifts
   int unit_rows_log2;         // log2 of a unit's rows: 6 (kBlockM) or the narrow kernel's kN (4, 5)
 };
 

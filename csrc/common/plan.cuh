@@ -154,7 +154,7 @@ __device__ void plan_splits(const MlaParams& p, PlanScratch<NT>& scratch) {
   __syncthreads();
 
   // 3. Set boundaries. Few sets for little work: each gets >= kMinBlocksPerCta blocks' worth.
-  const int S = p.num_ctas / p.m_group;
+  const int S = p.num_ctas >> p.m_group_log2;
   const long long per_set_min = kMinBlocksPerCta + kUnitOverheadBlocks;
   int s_eff = (int)max(1LL, min((long long)S, (W + per_set_min - 1) / per_set_min));
 

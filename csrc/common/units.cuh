@@ -23,7 +23,7 @@ __device__ __forceinline__ int request_q_len(const MlaParams& p, int b) {
   return end > begin ? end - begin : 0;
 }
 __device__ __forceinline__ int request_kv_len(const MlaParams& p, int b) {
-  const long long cap = (long long)p.max_pages * p.page_size;
+  const long long cap = (long long)p.max_pages * p.page_div.d;
   const int L = p.seq_lens[b];
   return L < 0 ? 0 : (int)(L > cap ? cap : L);
 }
@@ -57,7 +57,8 @@ __device__ __forceinline__ Unit make_unit(const MlaParams& p, int b, int m) {
   const int total_rows = u.q_len * p.num_heads;
   u.row0 = m << p.unit_rows_log2;
   u.rows = min(1 << p.unit_rows_log2, total_rows - u.row0);
-  const int t_last = (u.row0 + u.rows - 1) / p.num_heads;
+  // A unit without rows (q_len 0) gets token 0: row_kv_limit clamps it as it did -1 / H.
+  const int t_last = fast_div(max(0, u.row0 + u.rows - 1), p.head_div);
   u.kv_extent = row_kv_limit(u.kv_len, u.q_len, t_last);
   u.num_blocks = (u.kv_extent + kBlockN - 1) / kBlockN;
   u.q_row_base = (long long)request_q_begin(p, b) * p.num_heads + u.row0;
@@ -65,7 +66,7 @@ __device__ __forceinline__ Unit make_unit(const MlaParams& p, int b, int m) {
 }
 
 __device__ __forceinline__ int request_num_groups(const MlaParams& p, int b) {
-  return (request_num_units(p, b) + p.m_group - 1) / p.m_group;
+  return (request_num_units(p, b) + p.m_group - 1) >> p.m_group_log2;
 }
 
 // KV blocks group j of request b runs over: those of its last unit, whose rows see the most.

@@ -35,9 +35,9 @@ __device__ __forceinline__ void load_kv_tile(uint32_t sK, const MlaParams& p, co
     const int tok = block * kBlockN + r;
     const __nv_bfloat16* src = static_cast<const __nv_bfloat16*>(p.kv);
     // A page id outside the pool reads as zeros (as the TMA kernel's out-of-bounds boxes do).
-    const int page = tok < kv_extent ? bt_row[page_index(tok, p.page_div)] : -1;
+    const int page = tok < kv_extent ? bt_row[fast_div(tok, p.page_div)] : -1;
     const bool valid = page >= 0 && page < p.num_pages;
-    if (valid) src += (long long)page * p.kv_page_stride + (long long)page_row(tok, p.page_div) * p.kv_row_stride;
+    if (valid) src += (long long)page * p.kv_page_stride + (long long)fast_mod(tok, p.page_div) * p.kv_row_stride;
     src += chunk * 8;
     const uint32_t dst = sK + swizzled(r, chunk);
 #pragma unroll

@@ -359,7 +359,7 @@ __device__ __forceinline__ void issue_kv_fp8(const MlaParams& p, uint32_t stage,
     for (int bx = 0; bx < kNumBoxesQK; ++bx) mbar_arrive_expect_tx(bars + 8 * bx, kFp8BoxBytes);
   if (lane < (kBlockN >> (31 - __clz(p.kv_box_rows)))) {
     const int r0 = lane * p.kv_box_rows;
-    const int row = page_row(block * kBlockN + r0, p.page_div);
+    const int row = fast_mod(block * kBlockN + r0, p.page_div);
     const uint64_t policy = createpolicy_evict_first();  // read once, as in issue_kv_half
     for (int bx = 0; bx < kNumBoxesQK; ++bx)
       tma_load_3d(stage + bx * kFp8BoxBytes + r0 * kBoxCols, &p.kv_tmap, bars + 8 * bx, bx * kBoxCols, row, page,
@@ -387,7 +387,7 @@ __device__ __forceinline__ void issue_kv_fp8_cp(const MlaParams& p, uint32_t sta
   const bool valid = page >= 0 && page < p.num_pages;
   const uint8_t* src = static_cast<const uint8_t*>(p.kv);
   if (valid)
-    src += (long long)page * p.kv_page_stride + (long long)page_row(block * kBlockN + t, p.page_div) * p.kv_row_stride;
+    src += (long long)page * p.kv_page_stride + (long long)fast_mod(block * kBlockN + t, p.page_div) * p.kv_row_stride;
   // In-box destinations in the 64B swizzle (the layout TMA writes and the wgmmas read).
   const uint32_t dst0 = stage + sw64(t, off0 >> 4), dst1 = stage + sw64(t, off1 >> 4);
   // Rolled: unrolled, ptxas 13.0 put `stage` in a uniform register and emitted LDGSTS [R+UR],
@@ -404,7 +404,7 @@ __device__ __forceinline__ void issue_kv_fp8_cp(const MlaParams& p, uint32_t sta
 // The page id of this thread's token (tw / 2) of block `block`, or num_pages past kv_len.
 __device__ __forceinline__ int token_page(const MlaParams& p, const int* bt_row, int block, int kv_len) {
   const int tok = block * kBlockN + ((threadIdx.x & 127) >> 1);
-  return tok < kv_len ? __ldg(bt_row + page_index(tok, p.page_div)) : p.num_pages;
+  return tok < kv_len ? __ldg(bt_row + fast_div(tok, p.page_div)) : p.num_pages;
 }
 
 // Warp 0 of warpgroup wg (the caller checks): the page ids of the warpgroup's first two blocks of

@@ -95,7 +95,7 @@ __device__ __forceinline__ float lazy_max(float m_old, float blk_max) {
 __device__ __forceinline__ int chunk_page(const MlaParams& p, const int* bt_row, int block, int chunk,
                                           int kv_len) {
   const int tok = block * kBlockN + chunk * p.kv_box_rows;
-  return tok < kv_len ? __ldg(bt_row + page_index(tok, p.page_div)) : p.num_pages;
+  return tok < kv_len ? __ldg(bt_row + fast_div(tok, p.page_div)) : p.num_pages;
 }
 
 // Warp-collective: one half of KV block `block` -> a stage, by TMA. Half 0: boxes 0-3 (V columns
@@ -114,7 +114,7 @@ __device__ __forceinline__ void issue_kv_half(const MlaParams& p, uint32_t stage
   // kv_box_rows is 8, 16, 32 or 64: chunks per block by a shift, not a division.
   if (c >= 0 && c < (kBlockN >> (31 - __clz(p.kv_box_rows)))) {
     const int r0 = c * p.kv_box_rows;
-    const int row = page_row(block * kBlockN + r0, p.page_div);
+    const int row = fast_mod(block * kBlockN + r0, p.page_div);
     // KV is read by the m_group CTAs of a set close together in time and, but for kReread,
     // never again in this call: evict-first keeps Q, the block tables and the partner's
     // lines in L2 (measured: B64 kv8192 H16 202 -> 191 µs, B8 kv4096 H128 52 -> 49 µs).

@@ -26,8 +26,8 @@ struct CtaRange {
 
 __device__ __forceinline__ CtaRange cta_range(const MlaParams& p) {
   CtaRange r;
-  r.set = blockIdx.x / p.m_group;
-  r.lane_m = blockIdx.x % p.m_group;
+  r.set = blockIdx.x >> p.m_group_log2;
+  r.lane_m = blockIdx.x & (p.m_group - 1);
   r.beg = p.bounds[r.set];
   r.end = p.bounds[r.set + 1];
   r.group0 = r.beg.group;
@@ -105,7 +105,7 @@ __device__ __forceinline__ UnitWork unit_work(const MlaParams& p, int grp, int l
 // KV tokens row r of the unit may see; rows past the unit see the extent so that they stay
 // finite (they are never written).
 __device__ __forceinline__ int unit_row_limit(const MlaParams& p, const Unit& u, int r) {
-  return r < u.rows ? row_kv_limit(u.kv_len, u.q_len, (u.row0 + r) / p.num_heads) : u.kv_extent;
+  return r < u.rows ? row_kv_limit(u.kv_len, u.q_len, fast_div(u.row0 + r, p.head_div)) : u.kv_extent;
 }
 
 // A row's log2-sum-exp over the keys it saw (-inf: none) and the factor 1 / sum (0 then) that
@@ -115,7 +115,7 @@ struct RowNorm {
 };
 __device__ __forceinline__ RowNorm row_norm(float m, float tot) {
   const bool seen = tot > 0.f && m != -INFINITY;
-  return RowNorm{seen ? m + log2f(tot) : -INFINITY, seen ? 1.f / tot : 0.f};
+  return RowNorm{seen ? m + log2_approx(tot) : -INFINITY, seen ? rcp_approx(tot) : 0.f};
 }
 
 // Row r's destination (512 bf16) in a unit's result: the split's partial row (partial_row: the
@@ -129,7 +129,7 @@ __device__ __forceinline__ __nv_bfloat16* row_destination(const MlaParams& p, co
     if (write_lse) p.partial_lse[slot * kBlockM + r] = lse;
     return partial_row(p, slot, r);
   }
-  const RowFinal fin = finalize_row(lse, p.sinks, (u.row0 + r) % p.num_heads, bmm2);
+  const RowFinal fin = finalize_row(lse, p.sinks, fast_mod(u.row0 + r, p.head_div), bmm2);
   f *= fin.scale;
   if (write_lse && p.lse != nullptr) p.lse[u.q_row_base + r] = fin.lse;
   return static_cast<__nv_bfloat16*>(p.out) + (u.q_row_base + r) * kHeadDimV;

@@ -1,0 +1,37 @@
+// n / d and n % d by a divisor fixed for the call (the page size, the head count) without a
+// divide instruction sequence: a runtime division inlined ~20 instructions at each site (every
+// TMA and page-id site computes a token's page and row, the unit and merge code a row's token and
+// head), 2-4% of a kernel's code, whether or not it ran. Host and device share this header.
+#pragma once
+#include <cstdint>
+
+namespace jit_mla {
+
+// floor(n / d) = (n * mul) >> shift for 0 <= n < 2^31, with shift = 31 + ceil(log2 d) and
+// mul = ceil(2^shift / d): then 0 <= mul * d - 2^shift < d <= 2^ceil(log2 d), the condition of
+// Granlund and Montgomery's Theorem 4.2 (PLDI 1994) for 31-bit dividends. mul < 2^32 for every
+// d >= 1; a power of two d = 2^k gives mul = 2^31, shift = 31 + k, a plain shift.
+struct FastDiv {
+  int d;         // the divisor, >= 1
+  uint32_t mul;
+  int shift;     // 31..62
+};
+
+inline FastDiv make_fast_div(int64_t d) {
+  int log2_ceil = 0;
+  while ((int64_t{1} << log2_ceil) < d) ++log2_ceil;
+  const int shift = 31 + log2_ceil;
+  const uint64_t mul = ((uint64_t{1} << shift) + static_cast<uint64_t>(d) - 1) / static_cast<uint64_t>(d);
+  return FastDiv{static_cast<int>(d), static_cast<uint32_t>(mul), shift};
+}
+
+#ifdef __CUDACC__
+// n / d for 0 <= n < 2^31.
+__device__ __forceinline__ int fast_div(int n, const FastDiv& d) {
+  return static_cast<int>((static_cast<uint64_t>(static_cast<uint32_t>(n)) * d.mul) >> d.shift);
+}
+// n % d for 0 <= n < 2^31.
+__device__ __forceinline__ int fast_mod(int n, const FastDiv& d) { return n - fast_div(n, d) * d.d; }
+#endif
+
+}  // namespace jit_mla
