@@ -1,0 +1,80 @@
+"""README's performance table from a bench_mla.py results JSON (issue 4: the table comes from one run).
+
+    python benchmarks/readme_table.py benchmarks/results/bench_mla-<date>-<commit>.json [--write]
+
+The table's first four columns (B, kv, H, q_len) describe the shapes and stay as written; the
+last three are replaced row by row, in the JSON's row order (its `index`): ours "µs (% of
+roofline)", FlashInfer's likewise (or the row's note when FlashInfer has no such path), and the
+median SM clock "ours / FI". Without --write it prints the new table; with it, it rewrites
+README.md in place. The prose around the table quotes numbers of the run too: edit those by hand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+HEADER = "| B | kv | H | q_len | jit_mla µs (%) | FlashInfer fa3 µs (%) | SM MHz (ours / FI) |"
+NO_FI = "n/a (no e4m3 query)"
+
+
+def cell(result: dict | None) -> str | None:
+    """'µs (% of roofline)' of one kernel's result, None when that kernel did not run."""
+    if not result or result.get("us") is None:
+        return None
+    return f"{result['us']:.1f} ({result['pct_roofline']:.1f})"
+
+
+def clock(ours: dict, fi: dict | None) -> str:
+    mhz = [r.get("sm_mhz") for r in (ours, fi) if r and r.get("us") is not None]
+    return " / ".join(f"{m:.0f}" if m is not None else "n/a" for m in mhz)
+
+
+def table_rows(lines: list[str]) -> list[int]:
+    """Line numbers of the table's data rows (after HEADER and its rule), in order."""
+    start = lines.index(HEADER) + 2
+    end = start
+    while end < len(lines) and lines[end].startswith("| "):
+        end += 1
+    return list(range(start, end))
+
+
+def new_row(line: str, row: dict) -> str:
+    shape = [c.strip() for c in line.strip().strip("|").split("|")][:4]
+    ours = cell(row["ours"])
+    if ours is None:
+        raise ValueError(f"row {row['index']} ({row['name']}): no result of ours")
+    fi = cell(row.get("flashinfer")) or NO_FI
+    return "| " + " | ".join(shape + [ours, fi, clock(row["ours"], row.get("flashinfer"))]) + " |"
+
+
+def render(readme: str, results: dict) -> str:
+    lines = readme.split("\n")
+    at = table_rows(lines)
+    rows = sorted(results["rows"], key=lambda r: r["index"])
+    if len(rows) != len(at):
+        raise ValueError(f"results: {len(rows)} rows, README table: {len(at)} rows; expected equal")
+    for i, row in zip(at, rows):
+        lines[i] = new_row(lines[i], row)
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("results", type=Path, help="a bench_mla.py results JSON")
+    ap.add_argument("--write", action="store_true", help="rewrite README.md in place")
+    args = ap.parse_args(argv)
+    text = render(README.read_text(), json.loads(args.results.read_text()))
+    if args.write:
+        README.write_text(text)
+    else:
+        print("\n".join(l for l in text.split("\n") if re.match(r"\| (B|---|\d)", l)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
