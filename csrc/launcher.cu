@@ -164,6 +164,10 @@ size_t align_up(size_t x) { return (x + kWsAlign - 1) / kWsAlign * kWsAlign; }
 // its size does not depend on which kernel a call takes.
 constexpr int kMinUnitRows = 16;
 
+// The longest KV a request may have, in tokens: the kernels count a request's tokens in int32 up
+// to its length rounded up to a block, with room to spare.
+constexpr int64_t kMaxKvTokens = (int64_t{1} << 31) - (int64_t{1} << 16);
+
 int64_t max_units_of(int64_t batch, int64_t total_q, int64_t num_heads) {
   // sum_b ceil(n_b H / u) <= total_q H / u + B for units of u >= 16 rows, whatever the split of
   // total_q into requests.
@@ -606,6 +610,11 @@ void run_attention(TensorView out, Optional<TensorView> lse, TensorView query, T
   MLA_CHECK(page_size >= 1, ValueError) << "kv_cache page_size must be >= 1, got " << desc(key_cache);
   MLA_CHECK(key_cache.stride(-1) == 1, ValueError)
       << "kv_cache's last dim must be contiguous (stride 1), got stride " << key_cache.stride(-1);
+  // A request's KV length is clamped to the block table's width in tokens; past kMaxKvTokens the
+  // kernels' int32 token counts (and their multiply-shift divisions, exact below 2^31) would overflow.
+  MLA_CHECK(block_tables.size(1) <= kMaxKvTokens / page_size, ValueError)
+      << "block_tables.size(1) * page_size must be <= " << kMaxKvTokens
+      << " tokens (a request's KV length), got " << block_tables.size(1) << " * " << page_size;
   const int64_t align_elems = kv_fp8 ? 16 : 8;  // elements in 16 bytes
   MLA_CHECK(row_stride % align_elems == 0 && page_stride % align_elems == 0 && row_stride >= kHeadDimQK,
             ValueError)
@@ -694,7 +703,7 @@ void run_attention(TensorView out, Optional<TensorView> lse, TensorView query, T
   p.cum_q = cum_seq_lens_q.has_value() ? reinterpret_cast<const int*>(data_of(*cum_seq_lens_q)) : nullptr;
   p.q_len = static_cast<int>(q_len);
   p.total_q = static_cast<int>(total_q);
-  p.max_pages = static_cast<int>(std::min<int64_t>(block_tables.size(1), INT32_MAX));
+  p.max_pages = static_cast<int>(block_tables.size(1));  // <= kMaxKvTokens (checked above)
   p.batch = static_cast<int>(batch_size);
   p.num_heads = static_cast<int>(num_heads);
   p.page_div = make_fast_div(page_size);

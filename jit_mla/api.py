@@ -181,7 +181,8 @@ def trtllm_batch_decode_with_kv_cache_mla(
             ``fold_mla_scales``; kept for FlashInfer's signature.
         kv_lora_rank: must be 512. qk_rope_head_dim: must be 64.
         block_tables: int32 ``[B, max_pages]``: entry ``p`` of row ``b`` holds tokens
-            ``p*page_size .. p*page_size+page_size-1`` of request ``b``.
+            ``p*page_size .. p*page_size+page_size-1`` of request ``b``. At most
+            ``2**31 - 2**16`` tokens wide (``max_pages * page_size``; ``ValueError`` beyond).
         seq_lens: int32 ``[B]``: KV length of each request *including* this step's query tokens.
         max_seq_len: host hint; results never depend on it (unlike FlashInfer's split count).
             It picks between two equivalent kernels (few KV blocks per CTA, one CTA per SM: the

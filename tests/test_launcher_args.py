@@ -178,6 +178,16 @@ def _tvm_mismatch(name: str, expected: str, got: str = "None") -> tuple[str, ...
 
 U = f"[{B}, {Q_LEN}, {H}"  # the uniform leading shape, as printed
 
+# csrc/launcher.cu's kMaxKvTokens: the widest block table, in tokens. Tables that wide are views of
+# one row (stride 0 across rows) and pages of WIDE_PAGE tokens, so the test allocates little.
+MAX_KV_TOKENS = (1 << 31) - (1 << 16)
+WIDE_PAGE = 4096
+
+
+def wide_table(width: int) -> torch.Tensor:
+    """int32 [B, width] block table, every row the same zeros."""
+    return torch.zeros(1, width, dtype=I32).expand(B, width)
+
 CASES = [
     # ---- features not supported yet: refused, never ignored --------------------------------
     Case("out_scale_factor-given", lambda a: {"out_scale_factor": torch.zeros(8, dtype=torch.uint8)},
@@ -255,6 +265,10 @@ CASES = [
          ValueError, (f"block_tables must have batch_size = {B} rows", f"got int32 [{B + 1}, {MAX_PAGES}]")),
     Case("block_tables-row-stride", lambda a: {"block_tables": noncontig((B, MAX_PAGES), I32)},
          ValueError, ("block_tables rows must be contiguous (stride(1) == 1)", f"got stride {B}")),
+    Case("block_tables-too-wide", lambda a: {**kv(torch.zeros(1, WIDE_PAGE, D_QK, dtype=BF16)),
+                                             "block_tables": wide_table(MAX_KV_TOKENS // WIDE_PAGE + 1)},
+         ValueError, (f"block_tables.size(1) * page_size must be <= {MAX_KV_TOKENS} tokens",
+                      f"got {MAX_KV_TOKENS // WIDE_PAGE + 1} * {WIDE_PAGE}")),
     Case("seq_lens-length", lambda a: {"seq_lens": a["seq_lens"][:2].clone()},
          ValueError, (f"seq_lens must have shape [{B}]", "got int32 [2]")),
     Case("seq_lens-2d", lambda a: {"seq_lens": a["seq_lens"][:, None].clone()},
@@ -433,6 +447,8 @@ def _valid_variants() -> list[tuple[str, Callable[[], dict[str, Any]]]]:
         ("batch-0", with_(batch_size=0, query=torch.zeros(0, Q_LEN, H, D_QK, dtype=BF16),
                           out=torch.zeros(0, Q_LEN, H, D_V, dtype=BF16), lse=torch.zeros(0, Q_LEN, H),
                           block_tables=torch.zeros(0, MAX_PAGES, dtype=I32), seq_lens=torch.zeros(0, dtype=I32))),
+        ("block_tables-widest", with_(**kv(torch.zeros(1, WIDE_PAGE, D_QK, dtype=BF16)),
+                                      block_tables=wide_table(MAX_KV_TOKENS // WIDE_PAGE))),
         ("block_tables-no-column", with_(block_tables=torch.zeros(B, 0, dtype=I32))),
         ("block_tables-row-view", with_(block_tables=lambda a: torch.zeros(B, 2 * MAX_PAGES, dtype=I32)[:, :MAX_PAGES])),
         ("enable_pdl-false-sm_count-0", with_(enable_pdl=False, sm_count=0)),
