@@ -110,6 +110,8 @@ MATRIX = [
     # TMA pages that are not a power of two: page ids and rows by multiply-shift (fast_div.h)
     (8, (0, 4), 128, 192, "mixed", True, {}),
     (16, 2, 16, 192, "mixed", False, {}),
+    (16, 1, 16, 192, "mixed", False, {}),  # narrow16
+    (8, 1, 128, 192, "short", False, {}),  # the seesaw without its steady pair body (_short)
     # uniform lengths, more groups than CTA sets: whole groups per set, no split
     (257, 1, 32, 64, "uniform", False, {}),
     (130, 1, 128, 64, "uniform", False, {"sinks": True}),
