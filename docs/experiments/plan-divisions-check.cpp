@@ -1,8 +1,9 @@
 // Host exactness check for csrc/common/rcp_div.cuh and the planner's step 3 (csrc/common/plan.cuh):
 // the new formulas against the old `/` and `%` over the planner's ranges. The header is included
-// as is; MUFU.RCP is emulated as the correctly rounded 1/d moved by -2..+2 ulps (PTX: <= 1 ulp),
-// fixed per run or varying per divisor. Build: g++ -O2 -ffp-contract=off -fopenmp -std=c++17
-//   -DRCP_DIV_HEADER='"<repo>/csrc/common/rcp_div.cuh"' check.cpp && ./a.out   (~70 s on 2 cores)
+// as is; rcp_approx (device_utils.cuh's MUFU.RCP) is emulated as the correctly rounded 1/d moved by
+// -2..+2 ulps (PTX: <= 1 ulp), fixed per run or varying per divisor. From the repository root,
+// with plan-divisions.patch applied: g++ -O2 -ffp-contract=off -fopenmp -std=c++17
+//   docs/experiments/plan-divisions-check.cpp && ./a.out   (~70 s on 2 cores)
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -27,17 +28,12 @@ static float host_rcp(float x) {
 }
 #define __device__
 #define __forceinline__ inline
-// the header's only asm: `asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(__int2float_rn(d)));`
-#define asm(...) (r = host_rcp((float)d))
+static inline float rcp_approx(float x) { return host_rcp(x); }
 static inline float __int2float_rn(int n) { return (float)n; }
 static inline int __float2int_rn(float x) { return (int)std::nearbyint(x); }
 static inline long long __double2ll_rn(double x) { return std::llrint(x); }
 using std::fma;
-#ifndef RCP_DIV_HEADER
-#define RCP_DIV_HEADER "/work/pd/csrc/common/rcp_div.cuh"
-#endif
-#include RCP_DIV_HEADER
-#undef asm
+#include "../../csrc/common/rcp_div.cuh"  // relative to this file
 using namespace jit_mla;
 
 static std::atomic<long long> g_bad{0}, g_checked{0}, g_old_overflow{0};
@@ -59,7 +55,7 @@ int main() {
   for (g_mode = 0; g_mode < kModes && from <= 1; ++g_mode) {
     #pragma omp parallel for schedule(dynamic)
     for (int d = 1; d <= 1024; ++d) {
-      const float rc = rcp_approx(d);
+      const float rc = rcp_approx((float)d);
       for (int n = -(1 << 15); n <= (1 << 15); ++n) {
         QuotRem qr = divmod_small(n, d, rc);
         long long fq = (long long)std::floor((double)n / d);
@@ -87,7 +83,7 @@ int main() {
   for (g_mode = 0; g_mode < kModes && from <= 2; ++g_mode) {
     #pragma omp parallel for schedule(dynamic)
     for (int d = 1; d <= 1024; ++d) {
-      const float rc = rcp_approx(d);
+      const float rc = rcp_approx((float)d);
       auto one = [&](long long n) {
         if (n < 0 || n > INT_MAXV) return;
         QuotRem qr = divmod_u31((int)n, d, rc);
@@ -107,7 +103,7 @@ int main() {
       std::mt19937_64 r2(t * 31 + g_mode);
       int d = 1 + (int)(r2() % (1 << 20));
       long long n = (long long)(r2() % ((unsigned long long)INT_MAXV + 1));
-      QuotRem qr = divmod_u31((int)n, d, rcp_approx(d));
+      QuotRem qr = divmod_u31((int)n, d, rcp_approx((float)d));
       CHECK(qr.quot == n / d && qr.rem == n % d, "divmod_u31 n=%lld d=%d", n, d);
     }
   }
@@ -118,7 +114,7 @@ int main() {
   for (g_mode = 0; g_mode < kModes && from <= 3; ++g_mode) {
     #pragma omp parallel for schedule(dynamic)
     for (int d = 1; d <= 1024; ++d) {
-      const float rc = rcp_approx(d);
+      const float rc = rcp_approx((float)d);
       auto one = [&](long long n) {
         if (n < 0 || n >= (1LL << 62)) return;
         QuotRem64 qr = divmod_u62(n, d, rc);
@@ -152,8 +148,8 @@ int main() {
         if (Gl + (Gl + S - 1) / S - 1 > INT_MAXV) { g_old_overflow++; return; }
         const int G = (int)Gl;
         int k0, sets0; old_whole(G, S, &k0, &sets0);
-        const int k = divmod_u31(G - 1, S, rcp_approx(S)).quot + 1;
-        const int sets = div_ceil_small(G, k, rcp_approx(k));
+        const int k = divmod_u31(G - 1, S, rcp_approx((float)S)).quot + 1;
+        const int sets = div_ceil_small(G, k, rcp_approx((float)k));
         CHECK(k == k0 && sets == sets0, "whole G=%d S=%d k %d/%d sets %d/%d", G, S, k, k0, sets, sets0);
       };
       for (long long G = S + 1; G <= S + (1 << 13); ++G) one(G);
@@ -178,13 +174,13 @@ int main() {
     #pragma omp parallel for schedule(dynamic)
     for (int s_eff = 1; s_eff <= 1024; ++s_eff)
       for (int G = 2; G <= s_eff; ++G) {
-        const int k = divmod_small(s_eff, G, rcp_approx(G)).quot;
+        const int k = divmod_small(s_eff, G, rcp_approx((float)G)).quot;
         CHECK(k == s_eff / G, "pieces k s_eff=%d G=%d", s_eff, G);
       }
     #pragma omp parallel for schedule(dynamic)
     for (int k = 1; k <= 512; ++k) {
       std::mt19937_64 r2(k * 17 + g_mode);
-      const float rp = rcp_approx(k);
+      const float rp = rcp_approx((float)k);
       for (int s = 0; s < 1024; ++s) {
         const QuotRem gi = divmod_small(s, k, rp);
         CHECK(gi.quot == s / k && gi.rem == s % k, "pieces s=%d k=%d", s, k);
@@ -228,7 +224,7 @@ int main() {
         ws.push_back(w);
         ws.push_back((w / s_eff) * s_eff + s_eff - 1);
       }
-      const float rc = rcp_approx(s_eff);
+      const float rc = rcp_approx((float)s_eff);
       for (long long W : ws) {
         if (W < 0 || W >= (1LL << 62)) continue;
         const QuotRem64 wq = divmod_u62(W, s_eff, rc);
