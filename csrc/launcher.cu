@@ -705,7 +705,6 @@ void run_attention(TensorView out, Optional<TensorView> lse, TensorView query, T
   p.total_q = static_cast<int>(total_q);
   p.max_pages = static_cast<int>(block_tables.size(1));  // <= kMaxKvTokens (checked above)
   p.batch = static_cast<int>(batch_size);
-  p.num_heads = static_cast<int>(num_heads);
   p.page_div = make_fast_div(page_size);
   p.head_div = make_fast_div(num_heads);
   p.sinks = attention_sinks.has_value() ? reinterpret_cast<const float*>(data_of(*attention_sinks)) : nullptr;

@@ -386,7 +386,7 @@ __device__ __forceinline__ void combine_splits(const MlaParams& p) {
   // contiguous; warps are numbered warp 0 of every CTA first, so that few items still spread
   // over all SMs.
   const int unit_cap = 1 << p.unit_rows_log2;
-  const int unit_rows = p.cum_q == nullptr ? max(1, min(unit_cap, p.q_len * p.num_heads)) : unit_cap;
+  const int unit_rows = p.cum_q == nullptr ? max(1, min(unit_cap, p.q_len * p.head_div.d)) : unit_cap;
   // 32-bit: units < num_ctas <= kMaxCtas (a split group per cut), so whole-row items are fewer
   // than 64 kMaxCtas, and chunk items (per_row 2 or 4) no more than the warps.
   const int rows = units * unit_rows;

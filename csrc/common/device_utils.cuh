@@ -20,7 +20,7 @@ __device__ __forceinline__ float log2_approx(float x) {
 }
 
 __device__ __forceinline__ float rcp_approx(float x) {
-  // rcp.approx: 1 ulp, no IEEE division's slow path (its callers' x is a softmax sum >= 1).
+  // rcp.approx: 1 ulp, no IEEE division's slow path (its callers' x: a softmax sum >= 1, a count).
   float y;
   asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;

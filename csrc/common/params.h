@@ -38,9 +38,8 @@ struct MlaParams {
   int total_q;                // query rows (tokens) in q: request ranges are clamped to it
   int max_pages;              // block_tables.size(1): KV lengths are clamped to max_pages * page_size
   int batch;
-  int num_heads;
   FastDiv page_div;           // page size as a multiply-shift divisor (a token's page and row; .d is the size)
-  FastDiv head_div;           // num_heads, likewise (a query row's token and head)
+  FastDiv head_div;           // the head count H, likewise (.d is H; a query row's token and head)
 
   const float* sinks;         // [H] float32 or null; logit units (not scaled by bmm1_scale)
   const float* bmm1_scale_ptr;  // one float32 on the device, or null: use bmm1_scale

@@ -14,7 +14,9 @@
 // Deterministic: the same inputs give the same plan.
 #pragma once
 #include "../config.h"
+#include "device_utils.cuh"
 #include "params.h"
+#include "rcp_div.cuh"
 #include "units.cuh"
 
 namespace jit_mla {
@@ -167,38 +169,57 @@ __device__ void plan_splits(const MlaParams& p, PlanScratch<NT>& scratch) {
   // Each group in k equal pieces on k * num_groups sets instead, every set one piece, when the
   // largest piece is not more than a set's share of W plus that underestimate: never slower by
   // the measured costs. k = 1 (a group per set) splits nothing: no partials, no merge.
-  int groups_per_set = 0, pieces_per_group = 0, group_blocks = 0;
+  // The divisions by runtime counts below are rcp_div.cuh's (S, k <= kMaxCtas; the work total W
+  // and a group's blocks can be large), exactly `/` and `%` on their ranges.
+  int groups_per_set = 0, pieces_per_group = 0;
+  QuotRem piece_blocks{0, 0};  // a group's blocks / pieces_per_group, for the pieces' starts
   {
     // All groups cost the same <=> min == max (no groups: nothing to balance).
     const bool uniform = s_cost_min == s_cost_max;
     if (uniform && num_groups > S) {
-      const int k = (num_groups + S - 1) / S;
-      const int sets = (num_groups + k - 1) / k;
+      // k = ceil(num_groups / S) >= 2; sets = ceil(num_groups / k) <= S, a quotient small
+      // enough for div_ceil_small (the old num_groups + k - 1 overflowed from ~2^30 groups)
+      const int k = divmod_u31(num_groups - 1, S, rcp_approx(static_cast<float>(S))).quot + 1;
+      const int sets = div_ceil_small(num_groups, k, rcp_approx(static_cast<float>(k)));
       if (sets * 100 >= S * kWholeGroupSetsPct) {
         groups_per_set = k;
         s_eff = sets;
       }
     } else if (uniform && num_groups > 1 && num_groups <= s_eff) {  // one group: no set crosses a group
-      const int k = s_eff / num_groups;
+      const int k = divmod_small(s_eff, num_groups, rcp_approx(static_cast<float>(num_groups))).quot;
       const int nb = s_cost_min - kUnitOverheadBlocks;
-      const long long largest = (nb + k - 1) / k;
+      const QuotRem qr = divmod_u31(nb, k, rcp_approx(static_cast<float>(k)));
+      const long long largest = qr.quot + (qr.rem != 0);  // ceil(nb / k)
       if (nb >= k && largest * s_eff <= W + (long long)kPieceStartExtraBlocks * s_eff) {
         pieces_per_group = k;
-        group_blocks = nb;
+        piece_blocks = qr;
         s_eff = k * num_groups;
       }
     }
   }
+  // The even cuts s * W / s_eff as s * (W / s_eff) + s * (W % s_eff) / s_eff: one wide division
+  // here, a small one (s * (W % s_eff) < s_eff^2 <= 2^20) per set.
+  const float rcp_s_eff = rcp_approx(static_cast<float>(s_eff));
+  QuotRem64 w_per_set{0, 0};
+  if (groups_per_set == 0 && pieces_per_group == 0) w_per_set = divmod_u62(W, s_eff, rcp_s_eff);
+  const float rcp_pieces = rcp_approx(static_cast<float>(pieces_per_group));  // inf when 0: then unused
 #pragma unroll 1
   for (int s = tid; s <= S; s += NT) {
     WorkPos pos{num_groups, 0};
     if (groups_per_set > 0) {
       pos = WorkPos{(int)min((long long)s * groups_per_set, (long long)num_groups), 0};
     } else if (pieces_per_group > 0) {
-      if (s < s_eff)
-        pos = WorkPos{s / pieces_per_group, (int)((long long)(s % pieces_per_group) * group_blocks / pieces_per_group)};
+      if (s < s_eff) {
+        // piece i = s % k of group s / k starts at floor(i * nb / k) = i * (nb / k) +
+        // i * (nb % k) / k, where i * (nb % k) < k^2 <= 2^20
+        const QuotRem gi = divmod_small(s, pieces_per_group, rcp_pieces);
+        const int frac = divmod_small(gi.rem * piece_blocks.rem, pieces_per_group, rcp_pieces).quot;
+        pos = WorkPos{gi.quot, gi.rem * piece_blocks.quot + frac};
+      }
     } else {
-      const long long x = s >= s_eff ? W : (long long)s * W / s_eff;
+      // (unsigned: s and the quotient are >= 0, so their 64-bit sums need no sign extension)
+      const long long x = s >= s_eff ? W
+          : (unsigned)s * w_per_set.quot + (unsigned)divmod_small(s * w_per_set.rem, s_eff, rcp_s_eff).quot;
       if (x < W) {
         int lo = 0, hi = num_groups - 1;  // largest g with cost_prefix[g] <= x
         while (lo < hi) {

@@ -12,15 +12,20 @@ namespace jit_mla {
 // [0, max_pages * page_size], so a wrong cum_seq_lens_q or seq_lens gives a wrong result for that
 // request but never an access outside q, out, lse or block_tables, nor unbounded work.
 __device__ __forceinline__ int clamp_q_row(const MlaParams& p, int x) {
-  return x < 0 ? 0 : (x > p.total_q ? p.total_q : x);
+  return min(max(x, 0), p.total_q);
 }
-__device__ __forceinline__ int request_q_begin(const MlaParams& p, int b) {
-  return p.cum_q != nullptr ? clamp_q_row(p, p.cum_q[b]) : b * p.q_len;
+// A request's query rows [begin, begin + len), from one read of its two prefix sums.
+struct QRange {
+  int begin;
+  int len;
+};
+__device__ __forceinline__ QRange request_q_range(const MlaParams& p, int b) {
+  if (p.cum_q == nullptr) return {b * p.q_len, p.q_len};
+  const int begin = clamp_q_row(p, p.cum_q[b]), end = clamp_q_row(p, p.cum_q[b + 1]);
+  return {begin, max(end - begin, 0)};
 }
 __device__ __forceinline__ int request_q_len(const MlaParams& p, int b) {
-  if (p.cum_q == nullptr) return p.q_len;
-  const int begin = clamp_q_row(p, p.cum_q[b]), end = clamp_q_row(p, p.cum_q[b + 1]);
-  return end > begin ? end - begin : 0;
+  return request_q_range(p, b).len;
 }
 __device__ __forceinline__ int request_kv_len(const MlaParams& p, int b) {
   const long long cap = (long long)p.max_pages * p.page_div.d;
@@ -28,7 +33,7 @@ __device__ __forceinline__ int request_kv_len(const MlaParams& p, int b) {
   return L < 0 ? 0 : (int)(L > cap ? cap : L);
 }
 __device__ __forceinline__ int request_num_units(const MlaParams& p, int b) {
-  const long long rows = (long long)request_q_len(p, b) * p.num_heads;
+  const long long rows = (long long)request_q_len(p, b) * p.head_div.d;
   return (int)((rows + (1 << p.unit_rows_log2) - 1) >> p.unit_rows_log2);
 }
 
@@ -52,16 +57,17 @@ struct Unit {
 __device__ __forceinline__ Unit make_unit(const MlaParams& p, int b, int m) {
   Unit u;
   u.b = b;
-  u.q_len = request_q_len(p, b);
+  const QRange q = request_q_range(p, b);
+  u.q_len = q.len;
   u.kv_len = request_kv_len(p, b);
-  const int total_rows = u.q_len * p.num_heads;
+  const int total_rows = u.q_len * p.head_div.d;
   u.row0 = m << p.unit_rows_log2;
   u.rows = min(1 << p.unit_rows_log2, total_rows - u.row0);
   // A unit without rows (q_len 0) gets token 0: row_kv_limit clamps it as it did -1 / H.
   const int t_last = fast_div(max(0, u.row0 + u.rows - 1), p.head_div);
   u.kv_extent = row_kv_limit(u.kv_len, u.q_len, t_last);
   u.num_blocks = (u.kv_extent + kBlockN - 1) / kBlockN;
-  u.q_row_base = (long long)request_q_begin(p, b) * p.num_heads + u.row0;
+  u.q_row_base = (long long)q.begin * p.head_div.d + u.row0;
   return u;
 }
 
