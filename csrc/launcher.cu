@@ -703,7 +703,7 @@ void run_attention(TensorView out, Optional<TensorView> lse, TensorView query, T
   p.cum_q = cum_seq_lens_q.has_value() ? reinterpret_cast<const int*>(data_of(*cum_seq_lens_q)) : nullptr;
   p.q_len = static_cast<int>(q_len);
   p.total_q = static_cast<int>(total_q);
-  p.max_pages = static_cast<int>(block_tables.size(1));  // <= kMaxKvTokens (checked above)
+  p.kv_cap = static_cast<int>(block_tables.size(1) * page_size);  // <= kMaxKvTokens (checked above)
   p.batch = static_cast<int>(batch_size);
   p.page_div = make_fast_div(page_size);
   p.head_div = make_fast_div(num_heads);
@@ -739,7 +739,7 @@ void run_attention(TensorView out, Optional<TensorView> lse, TensorView query, T
   const auto seesaw_kernel = [&]() -> int {
     if (rows_hint > (static_cast<int64_t>(p.num_ctas) << unit_rows_log2)) return kSeesawReread;
     const int64_t kv_hint = std::min<int64_t>(max_kv_len > 0 ? max_kv_len : INT64_MAX,
-                                              static_cast<int64_t>(p.max_pages) * page_size);
+                                              static_cast<int64_t>(p.kv_cap));
     // In double: batch x units x blocks may pass int64 for absurd hints.
     const double est_blocks = static_cast<double>(batch_size) *
                               static_cast<double>((rows_hint + kBlockM - 1) / kBlockM) *

@@ -114,18 +114,19 @@ constexpr int kHeldLse = 4;
 __device__ __forceinline__ float row_weights(const MlaParams& p, const int* slots, float* weight,
                                              int n, int r) {
   const int lane = threadIdx.x & 31;
+  const float* lse_r = opaque_ptr(p.partial_lse + r);  // row r of slot 0; slot s at + s * kBlockM
   float x[kHeldLse];
 #pragma unroll
   for (int i = 0; i < kHeldLse; ++i) {
     const int j = lane + 32 * i;
-    x[i] = j < n ? __ldcg(p.partial_lse + slots[j] * kBlockM + r) : -INFINITY;
+    x[i] = j < n ? __ldcg(lse_r + slots[j] * kBlockM) : -INFINITY;
   }
   float mx = -INFINITY;
 #pragma unroll
   for (int i = 0; i < kHeldLse; ++i) mx = fmaxf(mx, x[i]);
 #pragma unroll 1
   for (int j = lane + 32 * kHeldLse; j < n; j += 32) {
-    const float y = __ldcg(p.partial_lse + slots[j] * kBlockM + r);
+    const float y = __ldcg(lse_r + slots[j] * kBlockM);
     weight[j] = y;  // this lane's own entries until the weights replace them
     mx = fmaxf(mx, y);
   }
@@ -186,9 +187,10 @@ __device__ __forceinline__ void stage_partials(const MlaParams& p, const int* sl
   int c = 0;
 #pragma unroll 1
   for (int i = 0; i < k; ++i) {
+    const __nv_bfloat16* row = opaque_ptr(partial_row(p, 0, r0 + i) + col);
 #pragma unroll 1
     for (int j = lane_first_split<kPair>(j0); j < j1; j += kPair ? 2 : 1) {
-      const __nv_bfloat16* src = partial_row(p, slots[j], r0 + i) + col;
+      const __nv_bfloat16* src = row + (long long)slots[j] * kPartialSlotStride;
 #pragma unroll
       for (int h = 0; h < kC; ++h, ++c) cp_async_16(smem_u32(&stage[c][lane]), src + kCombineCols * h, true);
     }
@@ -276,10 +278,12 @@ __device__ __forceinline__ void merge_row_regs(const MlaParams& p, const Unit& u
   const int lane = threadIdx.x & 31;
   float acc[kCombineChunks][8] = {};
   uint4 v[kRegSplits][kCombineChunks];
+  // Row r of slot 0: each split's row is one wide multiply-add from it.
+  const __nv_bfloat16* row = opaque_ptr(partial_row(p, 0, r) + 8 * lane);
   auto load = [&](int j) {
 #pragma unroll
     for (int k = 0; k < kRegSplits; ++k) {
-      const __nv_bfloat16* src = partial_row(p, slots[min(j + k, n - 1)], r) + 8 * lane;
+      const __nv_bfloat16* src = row + (long long)slots[min(j + k, n - 1)] * kPartialSlotStride;
 #pragma unroll
       for (int h = 0; h < kCombineChunks; ++h)
         v[k][h] = j + k < n ? __ldcg(reinterpret_cast<const uint4*>(src + kCombineCols * h)) : make_uint4(0, 0, 0, 0);

@@ -36,7 +36,7 @@ struct MlaParams {
   const int* cum_q;           // [B+1] int32 prefix sums of query lengths, or null (uniform)
   int q_len;                  // uniform query length when cum_q is null
   int total_q;                // query rows (tokens) in q: request ranges are clamped to it
-  int max_pages;              // block_tables.size(1): KV lengths are clamped to max_pages * page_size
+  int kv_cap;                 // block_tables.size(1) * page_size (<= 2^31 - 2^16): KV lengths are clamped to it
   int batch;
   FastDiv page_div;           // page size as a multiply-shift divisor (a token's page and row; .d is the size)
   FastDiv head_div;           // the head count H, likewise (.d is H; a query row's token and head)

@@ -9,7 +9,7 @@ namespace jit_mla {
 
 // Device data is never trusted for addressing (check_inputs=True reports bad values instead):
 // a request's query rows are clamped into [0, total_q) and its KV length into
-// [0, max_pages * page_size], so a wrong cum_seq_lens_q or seq_lens gives a wrong result for that
+// [0, kv_cap] (the block table's width in tokens), so a wrong cum_seq_lens_q or seq_lens gives a wrong result for that
 // request but never an access outside q, out, lse or block_tables, nor unbounded work.
 __device__ __forceinline__ int clamp_q_row(const MlaParams& p, int x) {
   return min(max(x, 0), p.total_q);
@@ -28,13 +28,13 @@ __device__ __forceinline__ int request_q_len(const MlaParams& p, int b) {
   return request_q_range(p, b).len;
 }
 __device__ __forceinline__ int request_kv_len(const MlaParams& p, int b) {
-  const long long cap = (long long)p.max_pages * p.page_div.d;
-  const int L = p.seq_lens[b];
-  return L < 0 ? 0 : (int)(L > cap ? cap : L);
+  return min(max(p.seq_lens[b], 0), p.kv_cap);
 }
 __device__ __forceinline__ int request_num_units(const MlaParams& p, int b) {
-  const long long rows = (long long)request_q_len(p, b) * p.head_div.d;
-  return (int)((rows + (1 << p.unit_rows_log2) - 1) >> p.unit_rows_log2);
+  // 32-bit unsigned: q_len * H <= total_q * H < 2^31 (the launcher checks), so rounding up to
+  // whole units stays below 2^32.
+  const unsigned rows = static_cast<unsigned>(request_q_len(p, b)) * static_cast<unsigned>(p.head_div.d);
+  return static_cast<int>((rows + (1u << p.unit_rows_log2) - 1) >> p.unit_rows_log2);
 }
 
 // Number of KV tokens a row of token t sees: bottom-right causal, L - n + t + 1, clamped.
@@ -111,8 +111,10 @@ __device__ __forceinline__ int partial_slot(const MlaParams& p, int s, int g, in
 // fp8 kernels' fp32 promotion; the partial takes its first half). bf16, not fp32: the partials
 // are written by every split CTA and read back by the merge, twice the bytes in fp32 for an
 // error of one bf16 rounding of a normalized row, as the output's own.
+// kPartialSlotStride: bf16 elements from a row of one slot to the same row of the next.
+constexpr int kPartialSlotStride = 2 * kBlockM * kHeadDimV;
 __device__ __forceinline__ __nv_bfloat16* partial_row(const MlaParams& p, int slot, int r) {
-  return reinterpret_cast<__nv_bfloat16*>(p.partial_o + (long long)slot * kBlockM * kHeadDimV) + r * kHeadDimV;
+  return reinterpret_cast<__nv_bfloat16*>(p.partial_o) + (long long)slot * kPartialSlotStride + r * kHeadDimV;
 }
 
 }  // namespace jit_mla
