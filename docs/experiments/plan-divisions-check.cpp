@@ -1,9 +1,10 @@
 // Host exactness check for csrc/common/rcp_div.cuh and the planner's step 3 (csrc/common/plan.cuh):
 // the new formulas against the old `/` and `%` over the planner's ranges. The header is included
 // as is; rcp_approx (device_utils.cuh's MUFU.RCP) is emulated as the correctly rounded 1/d moved by
-// -2..+2 ulps (PTX: <= 1 ulp), fixed per run or varying per divisor. From the repository root,
-// with plan-divisions.patch applied: g++ -O2 -ffp-contract=off -fopenmp -std=c++17
-//   docs/experiments/plan-divisions-check.cpp && ./a.out   (~70 s on 2 cores)
+// -2..+2 ulps (PTX: <= 1 ulp), fixed per run or varying per divisor. From the repository root
+// (the header is in the tree since e1042e4; before, with plan-divisions.patch applied):
+//   g++ -O2 -ffp-contract=off -fopenmp -std=c++17 docs/experiments/plan-divisions-check.cpp && ./a.out
+//   (~70 s on 2 cores)
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
