@@ -7,9 +7,9 @@
 
 namespace jit_mla {
 
-// Device data is never trusted for addressing (check_inputs=True reports bad values instead):
-// a request's query rows are clamped into [0, total_q) and its KV length into
-// [0, kv_cap] (the block table's width in tokens), so a wrong cum_seq_lens_q or seq_lens gives a wrong result for that
+// Device data is never trusted for addressing (check_inputs=True reports bad values instead): a
+// request's query rows are clamped into [0, total_q) and its KV length into [0, kv_cap] (the block
+// table's width in tokens), so a wrong cum_seq_lens_q or seq_lens gives a wrong result for that
 // request but never an access outside q, out, lse or block_tables, nor unbounded work.
 __device__ __forceinline__ int clamp_q_row(const MlaParams& p, int x) {
   return min(max(x, 0), p.total_q);
