@@ -8,6 +8,7 @@ import io
 import pytest
 from bench_scripts import load_benchmark
 
+
 @pytest.fixture(scope="module")
 def pcs():
     return load_benchmark("pc_stalls")

@@ -18,8 +18,8 @@ struct FastDiv {
 };
 
 inline FastDiv make_fast_div(int64_t d) {
-  int log2_ceil = 0;
-  while ((int64_t{1} << log2_ceil) < d) ++log2_ceil;
+  // ceil(log2 d) from a bit count, not a loop: this runs on every call (page size, head count)
+  const int log2_ceil = d > 1 ? 64 - __builtin_clzll(static_cast<uint64_t>(d - 1)) : 0;
   const int shift = 31 + log2_ceil;
   const uint64_t mul = ((uint64_t{1} << shift) + static_cast<uint64_t>(d) - 1) / static_cast<uint64_t>(d);
   return FastDiv{static_cast<int>(d), static_cast<uint32_t>(mul), shift};

@@ -110,8 +110,8 @@ __device__ __forceinline__ int partial_slot(const MlaParams& p, int s, int g, in
 // Row r of a split unit's normalized partial O in its slot: 512 bf16 (the slot is sized for the
 // fp8 kernels' fp32 promotion; the partial takes its first half). bf16, not fp32: the partials
 // are written by every split CTA and read back by the merge, twice the bytes in fp32 for an
-// error of one bf16 rounding of a normalized row, as the output's own.
-// kPartialSlotStride: bf16 elements from a row of one slot to the same row of the next.
+// error of one bf16 rounding of a normalized row, as the output's own. kPartialSlotStride: bf16
+// elements from a row of one slot to the same row of the next (a slot holds kBlockM fp32 rows).
 constexpr int kPartialSlotStride = 2 * kBlockM * kHeadDimV;
 __device__ __forceinline__ __nv_bfloat16* partial_row(const MlaParams& p, int slot, int r) {
   return reinterpret_cast<__nv_bfloat16*>(p.partial_o) + (long long)slot * kPartialSlotStride + r * kHeadDimV;
