@@ -11,7 +11,9 @@
 // Groups that all cost the same (a uniform decode batch) may instead go whole, a few to a set
 // (more groups than sets, if that leaves >= kWholeGroupSetsPct % of the sets busy), or in equal
 // pieces, one to a set (2 .. s_eff groups, if the largest piece passes the cost test): step 3.
-// Deterministic: the same inputs give the same plan.
+// Deterministic: the same inputs give the same plan. plan_splits (steps 1-3) gives every CTA its
+// range; list_split_groups (step 4) writes the list only the merge reads, so a kernel may run it
+// later, behind its first loads (sm90/epilogue.cuh: start_cta, SplitList).
 #pragma once
 #include "../config.h"
 #include "device_utils.cuh"
@@ -144,12 +146,20 @@ __device__ void plan_splits(const MlaParams& p, PlanScratch<NT>& scratch) {
       atomicMax(&s_cost_max, cmax);
     }
     long long run = block_exclusive_scan<NT>(local, &W, scratch.warp);  // its barriers publish the atomics
-    b = b_g0;
+    if (g1 - g0 == 1) {
+      // One group per thread (up to NT groups: every decode batch of B <= NT): its cost is
+      // `local`, not worked out again on the plan's serial chain. (Not kept in cost_prefix
+      // between the loops: every CTA writes the same workspace words, so another CTA may
+      // already hold its prefix sums there.)
+      p.cost_prefix[g0 + 1] = run + local;
+    } else {
+      b = b_g0;
 #pragma unroll 1
-    for (int g = g0; g < g1; ++g) {
-      while (p.group_prefix[b + 1] <= g) ++b;
-      run += kUnitOverheadBlocks + group_num_blocks(p, b, g - p.group_prefix[b]);
-      p.cost_prefix[g + 1] = run;
+      for (int g = g0; g < g1; ++g) {
+        while (p.group_prefix[b + 1] <= g) ++b;
+        run += kUnitOverheadBlocks + group_num_blocks(p, b, g - p.group_prefix[b]);
+        p.cost_prefix[g + 1] = run;
+      }
     }
     if (tid == 0) p.cost_prefix[0] = 0;
   }
@@ -232,35 +242,40 @@ __device__ void plan_splits(const MlaParams& p, PlanScratch<NT>& scratch) {
     }
     p.bounds[s] = pos;
   }
-  __syncthreads();
-
-  // 4. Groups split by at least one cut, listed once each (at their first cut s) for the combine,
-  //    with their first set s - 1 (its range holds the group's start: bounds[s - 1] is not inside
-  //    the group, or s would not be the first cut). Boundaries 1..S-1, NT at a time (the loop
-  //    bound is uniform: every thread scans).
-  {
-    long long listed = 0;
-#pragma unroll 1
-    for (int base = 0; base < S; base += NT) {
-      const int s = base + tid;
-      bool first_cut = false;
-      int group = 0;
-      if (s >= 1 && s < S) {
-        const WorkPos cur = p.bounds[s], prev = p.bounds[s - 1];
-        first_cut = cur.block > 0 && !(prev.group == cur.group && prev.block > 0);
-        group = cur.group;
-      }
-      int count;
-      const int idx = block_exclusive_count<NT>(first_cut, &count, scratch.count);
-      if (first_cut) {
-        p.split_groups[1 + 2 * (listed + idx)] = group;
-        p.split_groups[2 + 2 * (listed + idx)] = s - 1;
-      }
-      listed += count;
-    }
-    if (tid == 0) p.split_groups[0] = (int)listed;
-  }
   __syncthreads();  // the caller reads bounds and group_prefix next
+}
+
+// 4. Groups split by at least one cut, listed once each (at their first cut s) for the combine,
+//    with their first set s - 1 (its range holds the group's start: bounds[s - 1] is not inside
+//    the group, or s would not be the first cut). Boundaries 1..S-1, NT at a time (the loop
+//    bound is uniform: every thread scans). After plan_splits, by every thread of the CTA (its
+//    barriers); the merge reads the list after the grid barrier, the CTA's own threads its count
+//    before (combine_splits).
+template <int NT>
+__device__ void list_split_groups(const MlaParams& p, PlanScratch<NT>& scratch) {
+  const int tid = threadIdx.x;
+  const int S = p.num_ctas >> p.m_group_log2;
+  long long listed = 0;
+#pragma unroll 1
+  for (int base = 0; base < S; base += NT) {
+    const int s = base + tid;
+    bool first_cut = false;
+    int group = 0;
+    if (s >= 1 && s < S) {
+      const WorkPos cur = p.bounds[s], prev = p.bounds[s - 1];
+      first_cut = cur.block > 0 && !(prev.group == cur.group && prev.block > 0);
+      group = cur.group;
+    }
+    int count;
+    const int idx = block_exclusive_count<NT>(first_cut, &count, scratch.count);
+    if (first_cut) {
+      p.split_groups[1 + 2 * (listed + idx)] = group;
+      p.split_groups[2 + 2 * (listed + idx)] = s - 1;
+    }
+    listed += count;
+  }
+  if (tid == 0) p.split_groups[0] = (int)listed;
+  __syncthreads();  // the count is read by every thread of the CTA (combine_splits)
 }
 
 }  // namespace jit_mla

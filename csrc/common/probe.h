@@ -27,7 +27,7 @@ constexpr int kProbeMaxCtas = 1024;  // kMaxCtas (config.h): the records' CTA ca
 enum TraceMark : int {
   kMarkEntry = 0,   // kernel entry
   kMarkReady = 1,   // past the PDL wait: the previous kernel's memory is visible
-  kMarkPlanned = 2, // the split plan is computed
+  kMarkPlanned = 2, // the split plan is computed (the narrow bf16 kernel lists the splits later)
   kMarkAttended = 3,// the CTA's attention work is done (partials or outputs written)
   kMarkSynced = 4,  // past the grid barrier (0: no unit was split, no barrier)
   kMarkDone = 5,    // merge done

@@ -117,8 +117,8 @@ __device__ void attention_narrow(const MlaParams& p) {
   }
   __syncthreads();
 
-  const CtaRange cr = start_cta<kNumThreads>(p);
-  if (cr.group0 == cr.group_end) return;
+  SplitList<kNumThreads> splits{static_plan_scratch<kNumThreads>()};
+  const CtaRange cr = start_cta<kNumThreads, false>(p, splits.scratch);
 
   const auto [scale_log2, bmm2] = call_scales(p);
   // S^T stays unscaled (the column maxima and P's FFMA apply ps) unless ps is 1 for a zero,
@@ -144,6 +144,7 @@ __device__ void attention_narrow(const MlaParams& p) {
       issue_kv_half(p, stage, bars, kb0 + wg, 1, first_page, 0);
     }
     tl_mark(kTlNFirstIssued, loads);
+    splits.write(p);
     cp_async_wait_all();
     fence_proxy_async_smem();
     __syncthreads();
@@ -332,6 +333,7 @@ __device__ void attention_narrow(const MlaParams& p) {
     __syncthreads();
     tl_mark(kTlNUnitDone, loads);
   }
+  splits.write(p);  // a CTA without a unit (no first loads to run it behind)
 }
 
 }  // namespace jit_mla::sm90

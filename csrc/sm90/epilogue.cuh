@@ -54,25 +54,49 @@ __device__ __forceinline__ float p_exp_scale(float scale_log2) { return scale_lo
 // How every attention CTA starts: nothing the previous kernel in the stream writes (inputs, or
 // the previous call still reading the workspace) may be touched before the PDL wait; then the
 // next kernel may launch (it waits for our completion before it reads anything), this CTA plans
-// the call's splits (as every CTA does) and takes its share.
-// scratch: the planner's shared memory (free again when this returns).
-template <int kThreads>
+// the call's splits (as every CTA does) and takes its share. kListSplits: the plan's split list
+// too; false: the kernel writes it later (SplitList).
+// scratch: the planner's shared memory (free again when the split list is written).
+template <int kThreads, bool kListSplits = true>
 __device__ __forceinline__ CtaRange start_cta(const MlaParams& p, PlanScratch<kThreads>& scratch) {
   pdl_wait_primary();
   trace_mark(kMarkReady);
   pdl_launch_dependents();
   plan_splits<kThreads>(p, scratch);
+  if constexpr (kListSplits) list_split_groups<kThreads>(p, scratch);
   trace_mark(kMarkPlanned);
   const CtaRange cr = cta_range(p);
   trace_range(cr.beg.group, cr.beg.block, cr.end.group, cr.end.block);
   return cr;
 }
-// With the planner's scratch in static shared memory.
+// The planner's scratch in static shared memory.
+template <int kThreads>
+__device__ __forceinline__ PlanScratch<kThreads>& static_plan_scratch() {
+  __shared__ PlanScratch<kThreads> scratch;
+  return scratch;
+}
+// With the planner's scratch in static shared memory (most kernels).
 template <int kThreads>
 __device__ __forceinline__ CtaRange start_cta(const MlaParams& p) {
-  __shared__ PlanScratch<kThreads> scratch;
-  return start_cta<kThreads>(p, scratch);
+  return start_cta<kThreads>(p, static_plan_scratch<kThreads>());
 }
+
+// The plan's split list (list_split_groups) written by the kernel after start_cta<kThreads,
+// false>: once per CTA, by all its threads (it has barriers), before the merge. The kernel
+// calls write() behind its first unit's loads, where its threads would wait for them anyway,
+// and once more after its unit loop, where it writes only in a CTA that had no unit. The narrow
+// bf16 kernel does (B1 kv8192 H16 3% faster); in the seesaw and fp8 kernels it measured 1-4%
+// slower at B8 and on the large H128 rows (their code and registers moved; Session 37).
+template <int kThreads>
+struct SplitList {
+  PlanScratch<kThreads>& scratch;
+  bool written = false;
+  __device__ __forceinline__ void write(const MlaParams& p) {
+    if (written) return;
+    list_split_groups<kThreads>(p, scratch);
+    written = true;
+  }
+};
 
 // One unit of a group, as a CTA of set `set` (lane lane_m) runs it.
 struct UnitWork {
