@@ -304,6 +304,12 @@ def shape_table() -> list[Shape]:
         # the other shapes with an fp8 cache (29-37), then with an e4m3 query too (38-47)
         *fp8_rest(", fp8 KV", kv_fp8=True),
         *fp8_rest(", fp8 q + KV", q_fp8=True),
+        # Short contexts at small batch (48-51): calls with little work, where the planner's
+        # least work per CTA set decides how many SMs run (perf-notes, Session 37).
+        uniform_shape(1, 4096, 128, 1, "TP1 one short request"),
+        uniform_shape(4, 2048, 128, 1, "TP1 batch 4, short"),
+        uniform_shape(2, 4096, 16, 1, "TP8 batch 2, short"),
+        uniform_shape(4, 4096, 16, 1, "TP8 batch 4, short"),
     ]
 
 
