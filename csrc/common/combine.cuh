@@ -52,8 +52,8 @@ struct CombineSmem {
 struct SetRange {
   WorkPos a, c;
 };
-__device__ __forceinline__ SetRange load_set_range(const MlaParams& p, int s, int num_sets) {
-  if (s >= num_sets) return SetRange{WorkPos{INT_MAX, 0}, WorkPos{INT_MAX, 0}};
+__device__ __forceinline__ SetRange load_set_range(const MlaParams& p, int s, int sets) {
+  if (s >= sets) return SetRange{WorkPos{INT_MAX, 0}, WorkPos{INT_MAX, 0}};
   return SetRange{p.bounds[s], p.bounds[s + 1]};
 }
 
@@ -65,14 +65,14 @@ __device__ __forceinline__ SetRange load_set_range(const MlaParams& p, int s, in
 __device__ __forceinline__ int collect_slots(const MlaParams& p, int grp, int first_set, int lane_m,
                                              SetRange first, int* slots) {
   const int lane = threadIdx.x & 31;
-  const int num_sets = p.num_ctas >> p.m_group_log2;
+  const int sets = num_sets(p);
   int count = 0;
   SetRange r = first;
-  for (int base = first_set; base < num_sets; base += 32) {
+  for (int base = first_set; base < sets; base += 32) {
     const int s = base + lane;
-    if (base != first_set) r = load_set_range(p, s, num_sets);
+    if (base != first_set) r = load_set_range(p, s, sets);
     const bool past = r.a.group > grp;  // past the last set too (INT_MAX)
-    const bool in = s < num_sets && !past && !(r.a.group == r.c.group && r.a.block == r.c.block);
+    const bool in = s < sets && !past && !(r.a.group == r.c.group && r.a.block == r.c.block);
     const unsigned take = __ballot_sync(0xffffffffu, in);
     if (in) slots[count + __popc(take & ((1u << lane) - 1))] = partial_slot_at(p, r.a, s, grp, lane_m);
     count += __popc(take);
@@ -352,7 +352,7 @@ __device__ __forceinline__ int lookup_unit(const MlaParams& p, int u, int* slots
   // Three rounds of dependent loads before the partials (B <= 32, a scan of <= 32 sets): the
   // split list; the set ranges with the request search; the request's lengths (make_unit)
   // while the slots are scanned. Larger batches add a search step each.
-  const SetRange first = load_set_range(p, first_set + (threadIdx.x & 31), p.num_ctas >> p.m_group_log2);
+  const SetRange first = load_set_range(p, first_set + (threadIdx.x & 31), num_sets(p));
   int prefix;
   const int b = find_request_warp(p, grp, &prefix);
   me_mark(kMeSearched);

@@ -166,7 +166,7 @@ __device__ void plan_splits(const MlaParams& p, PlanScratch<NT>& scratch) {
   __syncthreads();
 
   // 3. Set boundaries. Few sets for little work: each gets >= kMinBlocksPerCta blocks' worth.
-  const int S = p.num_ctas >> p.m_group_log2;
+  const int S = num_sets(p);
   const long long per_set_min = kMinBlocksPerCta + kUnitOverheadBlocks;
   int s_eff = (int)max(1LL, min((long long)S, (W + per_set_min - 1) / per_set_min));
 
@@ -254,7 +254,7 @@ __device__ void plan_splits(const MlaParams& p, PlanScratch<NT>& scratch) {
 template <int NT>
 __device__ void list_split_groups(const MlaParams& p, PlanScratch<NT>& scratch) {
   const int tid = threadIdx.x;
-  const int S = p.num_ctas >> p.m_group_log2;
+  const int S = num_sets(p);
   long long listed = 0;
 #pragma unroll 1
   for (int base = 0; base < S; base += NT) {

@@ -24,16 +24,13 @@ __device__ __forceinline__ QRange request_q_range(const MlaParams& p, int b) {
   const int begin = clamp_q_row(p, p.cum_q[b]), end = clamp_q_row(p, p.cum_q[b + 1]);
   return {begin, max(end - begin, 0)};
 }
-__device__ __forceinline__ int request_q_len(const MlaParams& p, int b) {
-  return request_q_range(p, b).len;
-}
 __device__ __forceinline__ int request_kv_len(const MlaParams& p, int b) {
   return min(max(p.seq_lens[b], 0), p.kv_cap);
 }
 __device__ __forceinline__ int request_num_units(const MlaParams& p, int b) {
   // 32-bit unsigned: q_len * H <= total_q * H < 2^31 (the launcher checks), so rounding up to
   // whole units stays below 2^32.
-  const unsigned rows = static_cast<unsigned>(request_q_len(p, b)) * static_cast<unsigned>(p.head_div.d);
+  const unsigned rows = static_cast<unsigned>(request_q_range(p, b).len) * static_cast<unsigned>(p.head_div.d);
   return static_cast<int>((rows + (1u << p.unit_rows_log2) - 1) >> p.unit_rows_log2);
 }
 
@@ -80,6 +77,9 @@ __device__ __forceinline__ int group_num_blocks(const MlaParams& p, int b, int j
   const int last = min((j + 1) * p.m_group, request_num_units(p, b)) - 1;
   return make_unit(p, b, last).num_blocks;
 }
+
+// CTA sets: the plan's ranges, m_group CTAs side by side in each.
+__device__ __forceinline__ int num_sets(const MlaParams& p) { return p.num_ctas >> p.m_group_log2; }
 
 // The request owning group g: the largest b with group_prefix[b] <= g (skips empty requests).
 __device__ __forceinline__ int find_request(const MlaParams& p, int g) {
