@@ -33,13 +33,9 @@ constexpr int kCombineChunks = kHeadDimV / kCombineCols;  // 2 per row
 constexpr int kCombineQuarters = 4;                       // 128-column items: two splits per warp step
 constexpr int kCombineRows = 4;                           // whole rows merged together, at most
 constexpr int kCombineRowLanes = 32 / kCombineRows;       // merge_rows: lanes per row, one split each
-// A warp's staging: 16-byte chunks per lane (18 KiB per warp). A round of copies fills it: 18
-// splits of a whole row, 36 of a 256-column item, 72 of a 128-column one, so that a short
-// request split over every set of the H200 (B1 kv8192 H16: 65 sets of 2 blocks; B1 kv65536 H128:
-// 66) merges in one round: a second waits for the first's copies to be weighed, one more L2
-// round trip. With kMaxCtas' slots and weights, CombineSmem takes the 160 KiB the smallest kernel
-// has (mla_sm90.cu checks).
-constexpr int kStageChunks = 36;
+// A warp's staging: 16-byte chunks per lane (12 KiB per warp). A round of copies fills it: 12
+// splits of a whole row, 24 of a 256-column item, 48 of a 128-column one.
+constexpr int kStageChunks = 24;
 
 // Per warp: the current unit's partial slots, the current row's (rows') per-split LSE, then
 // weight, and the staged partials (chunk c of lane l at stage[c][l]: a warp's 16-byte reads of
