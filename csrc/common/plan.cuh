@@ -165,7 +165,7 @@ __device__ void plan_splits(const MlaParams& p, PlanScratch<NT>& scratch) {
   }
   __syncthreads();
 
-  // 3. Set boundaries. Few sets for little work: each gets >= kMinBlocksPerCta blocks' worth.
+  // 3. Set boundaries. Few sets for little work: each gets at least per_set_min of the cost W.
   const int S = num_sets(p);
   const long long per_set_min = kMinBlocksPerCta + kUnitOverheadBlocks;
   int s_eff = (int)max(1LL, min((long long)S, (W + per_set_min - 1) / per_set_min));
