@@ -11,8 +11,8 @@
 # PNG under $LOGS/results, labelled COMMIT), then `ab.py run --rounds 2 VARIANT...`. Everything is packed
 # into $OUT/all.tgz after the benchmark and again at the end, so a run cut short still returns
 # its logs. About 6 minutes without variants (suite ~125 s, fuzz ~35 s, sanitizers ~55 s,
-# benchmark ~75 s at 29 rows (Session 26; 48 rows since Session 27, 52 since Session 37), start-up); each variant adds
-# ~80 s (two rounds of main and it, all shapes).
+# benchmark ~125 s at 52 rows (Session 38), start-up); each variant adds ~120 s (two rounds of
+# main and it, all 52 shapes).
 set -u
 commit="${1:?usage: validate_gpu.sh COMMIT [VARIANT...]}"
 shift

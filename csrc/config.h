@@ -31,8 +31,8 @@ constexpr int kNumStages = 2;                       // KV tiles in flight
 // Split-KV planning. A unit (one 64-row tile of one request) costs its KV blocks plus a fixed
 // overhead (Q load, epilogue, partial write), in KV-block units; a CTA set gets at least
 // kMinBlocksPerCta blocks' cost beyond that overhead. 0: a call with little work spreads over
-// as many SMs as have 2 blocks' cost each (B1 kv8192 H16: 65 CTAs of 2 blocks, 13.9 µs, against
-// 33 of ~4 with 2: 15.9 µs; perf-notes Session 37). The merge's extra partials cost less than
+// as many SMs as have 2 blocks' cost each (B1 kv8192 H16: 65 CTAs of 2 blocks, 14.1 µs, against
+// 33 of ~4 with 2: 16.0 µs; perf-notes Session 38). The merge's extra partials cost less than
 // the KV round trips they take off each CTA's chain.
 constexpr int kUnitOverheadBlocks = 2;
 constexpr int kMinBlocksPerCta = 0;
