@@ -39,7 +39,11 @@ constexpr int kMinBlocksPerCta = 0;
 constexpr int kWholeGroupSetsPct = 85;  // equal groups: give up to 15% of the sets to split nothing
 constexpr int kPieceStartExtraBlocks = 1;  // a unit start's measured cost beyond kUnitOverheadBlocks
 constexpr int kSlotsPerCta = 2;  // a CTA's range splits at most its first and its last unit
-constexpr int kMaxCtas = 1024;   // the combine keeps one slot and one weight per split in smem
+// The grid's cap (one CTA per SM: 132 on the H200, 148 on the B200; a larger device runs this
+// many). The combine keeps one slot and one weight per split of a row in smem, per warp, so the
+// cap sizes them and, with them, what is left of the smallest kernel's smem for its staging
+// (combine.cuh: kStageChunks).
+constexpr int kMaxCtas = 256;
 
 // mbarrier.try_wait's suspend-time hint, ns (CUTLASS's value, 10 ms): a waiting warp may sleep
 // until the phase completes or the hint runs out instead of spinning on issue slots the other

@@ -33,9 +33,13 @@ constexpr int kCombineChunks = kHeadDimV / kCombineCols;  // 2 per row
 constexpr int kCombineQuarters = 4;                       // 128-column items: two splits per warp step
 constexpr int kCombineRows = 4;                           // whole rows merged together, at most
 constexpr int kCombineRowLanes = 32 / kCombineRows;       // merge_rows: lanes per row, one split each
-// A warp's staging: 16-byte chunks per lane (12 KiB per warp). A round of copies fills it: 12
-// splits of a whole row, 24 of a 256-column item, 48 of a 128-column one.
-constexpr int kStageChunks = 24;
+// A warp's staging: 16-byte chunks per lane (18 KiB per warp). A round of copies fills it: 18
+// splits of a whole row, 36 of a 256-column item, 72 of a 128-column one, so that a short
+// request split over every set of the H200 (B1 kv8192 H16: 65 sets of 2 blocks; B1 kv65536 H128:
+// 66) merges in one round: a second waits for the first's copies to be weighed, one more L2
+// round trip. With kMaxCtas' slots and weights, CombineSmem takes the 160 KiB the smallest kernel
+// has (mla_sm90.cu checks).
+constexpr int kStageChunks = 36;
 
 // Per warp: the current unit's partial slots, the current row's (rows') per-split LSE, then
 // weight, and the staged partials (chunk c of lane l at stage[c][l]: a warp's 16-byte reads of
@@ -105,22 +109,30 @@ __device__ __forceinline__ int find_request_warp(const MlaParams& p, int g, int*
   return lo;
 }
 
-// Row r's weights 2^(lse_j - lse) into weight[0, n) and its lse = log2 sum_j 2^lse_j.
-// The first kHeldLse * 32 LSEs (every split on a 132-SM GPU) are loaded in one round into
-// registers: a loop stores each before the next load issues, a round trip per 32 splits. The
-// loops over splits past those stay rolled: they run only beyond 128 splits, and unrolled (by
-// the compiler, 4x with remainders) they were ~1,100 instructions of every kernel's code.
+// The first kHeldLse * 32 LSEs of row r (every split on a 132-SM GPU), split j = lane + 32 i in
+// x[i] (-inf past n), loaded in one round into registers: a loop stores each before the next load
+// issues, a round trip per 32 splits. The caller loads them before it issues the row's partial
+// copies, so that the copies are not queued in front of what the weights wait for.
 constexpr int kHeldLse = 4;
-__device__ __forceinline__ float row_weights(const MlaParams& p, const int* slots, float* weight,
-                                             int n, int r) {
+__device__ __forceinline__ void load_held_lse(const MlaParams& p, const int* slots, int n, int r,
+                                              float (&x)[kHeldLse]) {
   const int lane = threadIdx.x & 31;
   const float* lse_r = opaque_ptr(p.partial_lse + r);  // row r of slot 0; slot s at + s * kBlockM
-  float x[kHeldLse];
 #pragma unroll
   for (int i = 0; i < kHeldLse; ++i) {
     const int j = lane + 32 * i;
     x[i] = j < n ? __ldcg(lse_r + slots[j] * kBlockM) : -INFINITY;
   }
+}
+
+// Row r's weights 2^(lse_j - lse) into weight[0, n) and its lse = log2 sum_j 2^lse_j, from its
+// held LSEs x (load_held_lse) and the rest. The loops over splits past the held ones stay
+// rolled: they run only beyond 128 splits, and unrolled (by the compiler, 4x with remainders)
+// they were ~1,100 instructions of every kernel's code.
+__device__ __forceinline__ float row_weights(const MlaParams& p, const int* slots, float* weight,
+                                             int n, int r, const float (&x)[kHeldLse]) {
+  const int lane = threadIdx.x & 31;
+  const float* lse_r = opaque_ptr(p.partial_lse + r);
   float mx = -INFINITY;
 #pragma unroll
   for (int i = 0; i < kHeldLse; ++i) mx = fmaxf(mx, x[i]);
@@ -252,8 +264,10 @@ __device__ __forceinline__ void merge_item(const MlaParams& p, const Unit& unit,
                                            uint4 (*stage)[32]) {
   constexpr int kRound = kStageChunks / kC * (kPair ? 2 : 1);  // splits per round
   float acc[kC][8] = {};
+  float x[kHeldLse];
+  if (new_row) load_held_lse(p, slots, n, r, x);
   stage_partials<kC, kPair>(p, slots, 0, min(n, kRound), r, 1, col0, stage);
-  if (new_row) *lse_io = row_weights(p, slots, weight, n, r);
+  if (new_row) *lse_io = row_weights(p, slots, weight, n, r, x);
   me_mark(kMeWeights);
 #pragma unroll 1
   for (int j0 = 0; j0 < n; j0 += kRound) {
@@ -289,8 +303,10 @@ __device__ __forceinline__ void merge_row_regs(const MlaParams& p, const Unit& u
         v[k][h] = j + k < n ? __ldcg(reinterpret_cast<const uint4*>(src + kCombineCols * h)) : make_uint4(0, 0, 0, 0);
     }
   };
+  float x[kHeldLse];
+  if (new_row) load_held_lse(p, slots, n, r, x);
   load(0);
-  if (new_row) *lse_io = row_weights(p, slots, weight, n, r);
+  if (new_row) *lse_io = row_weights(p, slots, weight, n, r, x);
   me_mark(kMeWeights);
   for (int j = 0; j < n; j += kRegSplits) {
     if (j > 0) load(j);
