@@ -21,7 +21,7 @@
 
 namespace jit_mla {
 constexpr int kProbe = JIT_MLA_PROBE;
-constexpr int kProbeMaxCtas = 1024;  // kMaxCtas (config.h): the records' CTA capacity
+constexpr int kProbeMaxCtas = 1024;  // the records' CTA capacity, >= kMaxCtas (config.h)
 
 // Phase marks of the trace probe, in the order a CTA passes them.
 enum TraceMark : int {
