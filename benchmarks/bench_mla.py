@@ -585,12 +585,15 @@ def git_commit() -> tuple[str, Optional[bool]]:
 class Bench:
     """Holds torch, the device and the timing settings."""
 
-    def __init__(self, quick: bool):
+    def __init__(self, quick: bool, replan: bool = False):
         import torch
 
         self.torch = torch
         self.dev = torch.device("cuda", torch.cuda.current_device())
         self.quick = quick
+        # --replan: consecutive calls on other lengths, so that none reuses the plan the call
+        # before it left in the workspace (csrc/common/plan_cache.cuh): a serving step's first layer
+        self.replan = replan
         # graph replays per measurement: enough for about target_s of replays, within [lo, hi]
         self.target_s, self.min_replays, self.max_replays = (0.1, 5, 60) if quick else (1.0, 20, 1000)
         self.sampler = None  # smi_sampler.SmiSampler, set by run_gpu when nvidia-smi is there
@@ -753,6 +756,9 @@ class Bench:
             "outs": [torch.empty(q_shape[:-1] + (D_V,), dtype=torch.bfloat16, device=self.dev) for _ in range(n_sets)],
             "block_tables": block_tables.to(self.dev),
             "seq_lens": torch.tensor(shape.kv_lens, dtype=torch.int32, device=self.dev),
+            # --replan's other lengths: the last request one token shorter (the same work, to 1 token)
+            "seq_lens_alt": torch.tensor(shape.kv_lens[:-1] + (shape.kv_lens[-1] - 1,), dtype=torch.int32,
+                                         device=self.dev),
             "cum_seq_lens_q": torch.tensor(qo_indptr, dtype=torch.int32, device=self.dev) if shape.ragged else None,
             # FlashInfer's CSR metadata, on the host (its plan reads lengths on the CPU)
             "qo_indptr": torch.tensor(qo_indptr, dtype=torch.int32),
@@ -773,11 +779,12 @@ class Bench:
 
         def make(i: int) -> Callable[[], object]:
             q, kv, out = data["queries"][i], data["slabs"][i], data["outs"][i]
+            seq_lens = data["seq_lens_alt" if self.replan and i % 2 else "seq_lens"]
 
             def call():
                 return jit_mla.trtllm_batch_decode_with_kv_cache_mla(
                     q, kv, ws, QK_NOPE_HEAD_DIM, KV_LORA_RANK, QK_ROPE_HEAD_DIM,
-                    data["block_tables"], data["seq_lens"], shape.max_kv_len,
+                    data["block_tables"], seq_lens, shape.max_kv_len,
                     out=out, bmm1_scale=SM_SCALE, **ragged)
 
             return call
@@ -908,7 +915,9 @@ class Bench:
 
     def run_shape(self, row: dict, shape: Shape, fi_mla, fi_ws, fi_reason: Optional[str]) -> None:
         torch = self.torch
-        data = self.shape_data(shape, shape.n_sets)
+        # --replan: an even number of calls per replay, alternating lengths, also across replays
+        n_sets = max(2, shape.n_sets + shape.n_sets % 2) if self.replan else shape.n_sets
+        data = self.shape_data(shape, n_sets)
         try:
             ours_calls = self.our_calls(shape, data)
             try:
@@ -966,7 +975,7 @@ def run_gpu(args, shapes: list[Shape], all_shapes: list[Shape]) -> int:
     if not torch.cuda.is_available():
         print("no CUDA device: use --dry-run on a CPU-only machine", file=sys.stderr)
         return 2
-    bench = Bench(args.quick)
+    bench = Bench(args.quick, args.replan)
     props = torch.cuda.get_device_properties(bench.dev)
     uuid = str(getattr(props, "uuid", "") or "") or None
     bench.sampler = SmiSampler.start(uuid)
@@ -994,7 +1003,7 @@ def run_all(args, shapes: list[Shape], all_shapes: list[Shape], bench: Bench, pr
                 "nvidia_smi_start": nvidia_smi(uuid)},
         "software": {"python": platform.python_version(), "torch": torch.__version__,
                      "cuda": torch.version.cuda},
-        "options": {"quick": args.quick, "shapes": [s.name for s in shapes],
+        "options": {"quick": args.quick, "replan": args.replan, "shapes": [s.name for s in shapes],
                     "min_bytes_per_replay": MIN_BYTES_PER_REPLAY, "page_size": PAGE_SIZE,
                     "bmm1_scale": SM_SCALE},
         "rows": [],
@@ -1098,6 +1107,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="fewer replays and ceiling repetitions")
     p.add_argument("--dry-run", action="store_true", help="print the shape table with bytes and FLOPs; no GPU")
     p.add_argument("--no-flashinfer", action="store_true", help="time ours only")
+    p.add_argument("--replan", action="store_true",
+                   help="every call plans: consecutive calls on other lengths (no plan reuse; "
+                        "a step's first layer); rows then run an even number of calls per replay")
     p.add_argument("--assume-ceilings", action="store_true",
                    help=f"skip measuring the ceilings; use nominal H200 figures {NOMINAL_CEILINGS}")
     p.add_argument("--commit", default=None,
