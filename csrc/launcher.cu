@@ -593,6 +593,10 @@ void run_attention(TensorView out, Optional<TensorView> lse, TensorView query, T
   MLA_CHECK(max_units < (int64_t(1) << 31) - kMaxCtas, ValueError)
       << "batch_size = " << batch_size << " with " << total_q << " query rows of " << num_heads
       << " heads is too large: at most 2^31 - " << kMaxCtas << " work units are supported";
+  // The plan's input copy and its checked words are counted in int32 (plan_cache.cuh: 2B + 1
+  // copy words, B + 4 num_ctas + 4 plan words).
+  MLA_CHECK(batch_size < (int64_t(1) << 30), ValueError)
+      << "batch_size must be below 2^30, got " << batch_size;
 
   std::vector<int64_t> out_shape = shape_of(query);
   out_shape.back() = kHeadDimV;

@@ -150,7 +150,9 @@ def test_a_consistent_plan_in_the_workspace_is_used():
     """White box: after a call without splits, every CTA set's bounds set to (0, 0) with matching
     shadows. The next call with the same inputs takes that plan (no set has work: out and lse
     keep their poison), which shows the reuse; a changed length plans again."""
-    c = _case(264, 1, 16, 1000, seed=10)  # 264 equal requests on 132 sets: whole groups, no split
+    sms = min(torch.cuda.get_device_properties(DEV).multi_processor_count, 256)  # launcher.cu: kMaxCtas
+    B = 2 * sms  # equal requests, two per set (H 16: one 16-row unit each): whole groups, no split
+    c = _case(B, 1, 16, 1000, seed=10)
     ws = torch.full((_ws_bytes(c),), 0xFF, dtype=torch.uint8, device=DEV)
     check_case(c, *_call(c, ws), label="plan cache white box")
     header = _header(ws)
@@ -158,7 +160,7 @@ def test_a_consistent_plan_in_the_workspace_is_used():
     assert count == 0 and header[7] == 1, f"expected a plan without splits, m_group 1: {header[:13]}"
     # csrc/launcher.cu workspace_layout, for this call (256-byte parts)
     align = lambda x: (x + 255) // 256 * 256  # noqa: E731
-    B, units = 264, 264 * 16 // 16 + 264
+    units = B * 16 // 16 + B
     group_prefix = align(align(4 * 13) + 4 * (2 * B + 1)) + align(8 * (units + 1))
     bounds = group_prefix + align(4 * (B + 1))
     split_groups = bounds + align(8 * (ctas + 1))
