@@ -591,8 +591,9 @@ class Bench:
         self.torch = torch
         self.dev = torch.device("cuda", torch.cuda.current_device())
         self.quick = quick
-        # --replan: consecutive calls on other lengths, so that none reuses the plan the call
-        # before it left in the workspace (csrc/common/plan_cache.cuh): a serving step's first layer
+        # --replan: consecutive calls on other lengths, so that none could reuse a plan the call
+        # before it left in the workspace (docs/experiments/plan-cache.patch keeps one there): a
+        # serving step's first layer. Without plan reuse every call plans, and --replan times the same.
         self.replan = replan
         # graph replays per measurement: enough for about target_s of replays, within [lo, hi]
         self.target_s, self.min_replays, self.max_replays = (0.1, 5, 60) if quick else (1.0, 20, 1000)

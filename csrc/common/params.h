@@ -18,13 +18,6 @@ struct WorkPos {
   int block;
 };
 
-// Words of the plan's key (the launcher's, plan_cache.cuh): everything the split plan depends on
-// besides the input values.
-constexpr int kPlanKeyWords = 12;
-// The key's first word: the plan's format and rules (plan.cuh, config.h's constants). A cubin
-// whose plan differs for the same inputs must use another.
-constexpr int kPlanFormat = 0x4a4d5001;
-
 struct MlaParams {
   // TMA descriptor of the KV cache: dims (576, page_size, num_pages), box (64, kv_box_rows, 1),
   // 128-byte swizzle. First member: a CUtensorMap must be 64-byte aligned.
@@ -67,10 +60,6 @@ struct MlaParams {
   float* partial_o;           // [kSlotsPerCta * num_ctas, 64, 512] fp32 slots: a split unit's
                               // normalized partial as bf16 rows in the slot's first half
                               // (partial_row), the fp8 kernels' O^T promotion in fp32
-  int* plan_header;           // [kPlanKeyWords + 1] at the workspace's start: the last plan's key, split count
-  int* plan_input_copy;       // [B (+ B+1)]: the seq_lens (and cum_q) the last plan was made from
-  int64_t plan_shadow;        // ints from a plan word (group_prefix, bounds, split_groups) to its complement
-  int plan_key[kPlanKeyWords];  // this call's key (plan_cache.cuh), by the launcher
   int max_groups;             // upper bound of the group count (sizes cost_prefix)
   int num_ctas;               // grid of the attention kernel (cooperative), a multiple of m_group
   int m_group;                // CTAs per set: units of a group run side by side (1, 2 or 4)

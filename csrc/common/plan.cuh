@@ -11,15 +11,13 @@
 // Groups that all cost the same (a uniform decode batch) may instead go whole, a few to a set
 // (more groups than sets, if that leaves >= kWholeGroupSetsPct % of the sets busy), or in equal
 // pieces, one to a set (2 .. s_eff groups, if the largest piece passes the cost test): step 3.
-// Deterministic: the same inputs give the same plan, so a call may reuse the one in the workspace
-// when its inputs are those it was made from (plan_cache.cuh). plan_splits (steps 1-3) gives every CTA its
+// Deterministic: the same inputs give the same plan. plan_splits (steps 1-3) gives every CTA its
 // range; list_split_groups (step 4) writes the list only the merge reads, so a kernel may run it
 // later, behind its first loads (sm90/epilogue.cuh: start_cta, SplitList).
 #pragma once
 #include "../config.h"
 #include "device_utils.cuh"
 #include "params.h"
-#include "plan_cache.cuh"
 #include "rcp_div.cuh"
 #include "units.cuh"
 
@@ -34,7 +32,6 @@ struct PlanScratch {
   long long warp[NT / 32];
   int count[NT / 32];
   int cost_min, cost_max;
-  int cached_count;  // plan_cache.cuh: the header's split count
 };
 
 // The block-wide half of the scans below: lane `writer` of each warp publishes its warp's total
@@ -105,7 +102,7 @@ __device__ void plan_splits(const MlaParams& p, PlanScratch<NT>& scratch) {
     // A uniform q_len: every request has the same number of groups, no scan.
     const long long ng = request_num_groups(p, 0);
 #pragma unroll 1
-    for (int b = tid; b <= B; b += NT) plan_store(p, p.group_prefix + b, (int)min(b * ng, (long long)p.max_groups));
+    for (int b = tid; b <= B; b += NT) p.group_prefix[b] = (int)min(b * ng, (long long)p.max_groups);
     num_groups = (int)min(B * ng, (long long)p.max_groups);
   } else {
     const int chunk = (B + NT - 1) / NT;
@@ -119,11 +116,11 @@ __device__ void plan_splits(const MlaParams& p, PlanScratch<NT>& scratch) {
     // ranges (an invalid cum_seq_lens_q) could: their excess groups are dropped, not written.
 #pragma unroll 1
     for (int b = b0; b < b1; ++b) {
-      plan_store(p, p.group_prefix + b, (int)min(run, (long long)p.max_groups));
+      p.group_prefix[b] = (int)min(run, (long long)p.max_groups);
       run += request_num_groups(p, b);
     }
     num_groups = (int)min(total, (long long)p.max_groups);
-    if (tid == 0) plan_store(p, p.group_prefix + B, num_groups);
+    if (tid == 0) p.group_prefix[B] = num_groups;
   }
   __syncthreads();
 
@@ -243,7 +240,7 @@ __device__ void plan_splits(const MlaParams& p, PlanScratch<NT>& scratch) {
         pos = WorkPos{lo, k > 0 ? (int)k : 0};
       }
     }
-    plan_store(p, p.bounds + s, pos);
+    p.bounds[s] = pos;
   }
   __syncthreads();  // the caller reads bounds and group_prefix next
 }
@@ -272,12 +269,12 @@ __device__ void list_split_groups(const MlaParams& p, PlanScratch<NT>& scratch) 
     int count;
     const int idx = block_exclusive_count<NT>(first_cut, &count, scratch.count);
     if (first_cut) {
-      plan_store(p, p.split_groups + 1 + 2 * (listed + idx), group);
-      plan_store(p, p.split_groups + 2 + 2 * (listed + idx), s - 1);
+      p.split_groups[1 + 2 * (listed + idx)] = group;
+      p.split_groups[2 + 2 * (listed + idx)] = s - 1;
     }
     listed += count;
   }
-  if (tid == 0) plan_store(p, p.split_groups, (int)listed);
+  if (tid == 0) p.split_groups[0] = (int)listed;
   __syncthreads();  // the count is read by every thread of the CTA (combine_splits)
 }
 

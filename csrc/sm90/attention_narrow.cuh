@@ -118,7 +118,7 @@ __device__ void attention_narrow(const MlaParams& p) {
   __syncthreads();
 
   SplitList<kNumThreads> splits{static_plan_scratch<kNumThreads>()};
-  const CtaRange cr = start_cta<kNumThreads, false>(p, splits.scratch, &splits.written);
+  const CtaRange cr = start_cta<kNumThreads, false>(p, splits.scratch);
 
   const auto [scale_log2, bmm2] = call_scales(p);
   // S^T stays unscaled (the column maxima and P's FFMA apply ps) unless ps is 1 for a zero,

@@ -53,36 +53,19 @@ __device__ __forceinline__ float p_exp_scale(float scale_log2) { return scale_lo
 
 // How every attention CTA starts: nothing the previous kernel in the stream writes (inputs, or
 // the previous call still reading the workspace) may be touched before the PDL wait; then the
-// next kernel may launch (it waits for our completion before it reads anything), this CTA reuses
-// the plan in the workspace when it was made from this call's inputs (plan_cache.cuh), or plans
+// next kernel may launch (it waits for our completion before it reads anything), this CTA plans
 // the call's splits (as every CTA does) and takes its share. kListSplits: the plan's split list
-// too, then the plan is published; false: the kernel writes the list and publishes later
-// (SplitList; *listed is set when the plan was reused: nothing left to write).
+// too; false: the kernel writes it later (SplitList).
 // scratch: the planner's shared memory (free again when the split list is written).
 template <int kThreads, bool kListSplits = true>
-__device__ __forceinline__ CtaRange start_cta(const MlaParams& p, PlanScratch<kThreads>& scratch,
-                                              bool* listed = nullptr) {
+__device__ __forceinline__ CtaRange start_cta(const MlaParams& p, PlanScratch<kThreads>& scratch) {
   pdl_wait_primary();
   trace_mark(kMarkReady);
   pdl_launch_dependents();
-  CtaRange cr;
-  // Each step's result is the same in every thread (a barrier's reduction); the shuffles from
-  // lane 0 say so to ptxas, which otherwise serializes the kernel's wgmmas (its note C7520) for
-  // a branch around the plan's barriers.
-  bool reuse = __shfl_sync(0xffffffffu, plan_key_matches<kThreads>(p, &scratch.cached_count), 0);
-  if (reuse) reuse = __shfl_sync(0xffffffffu, plan_words_intact<kThreads>(p, scratch.cached_count), 0);
-  if (reuse) {
-    cr = cta_range(p);  // L1 hits: plan_words_intact loaded these words
-    if (listed != nullptr) *listed = true;
-  } else {
-    plan_splits<kThreads>(p, scratch);
-    if constexpr (kListSplits) {
-      list_split_groups<kThreads>(p, scratch);
-      publish_plan<kThreads>(p);
-    }
-    cr = cta_range(p);
-  }
+  plan_splits<kThreads>(p, scratch);
+  if constexpr (kListSplits) list_split_groups<kThreads>(p, scratch);
   trace_mark(kMarkPlanned);
+  const CtaRange cr = cta_range(p);
   trace_range(cr.beg.group, cr.beg.block, cr.end.group, cr.end.block);
   return cr;
 }
@@ -99,8 +82,7 @@ __device__ __forceinline__ CtaRange start_cta(const MlaParams& p) {
 }
 
 // The plan's split list (list_split_groups) written by the kernel after start_cta<kThreads,
-// false>, then the plan published: once per CTA, by all its threads (it has barriers), before
-// the merge; nothing when start_cta reused the plan (it sets `written`). The kernel
+// false>: once per CTA, by all its threads (it has barriers), before the merge. The kernel
 // calls write() behind its first unit's loads, where its threads would wait for them anyway,
 // and once more after its unit loop, where it writes only in a CTA that had no unit. The narrow
 // bf16 kernel does (B1 kv8192 H16 3% faster); in the seesaw and fp8 kernels it measured 1-4%
@@ -112,7 +94,6 @@ struct SplitList {
   __device__ __forceinline__ void write(const MlaParams& p) {
     if (written) return;
     list_split_groups<kThreads>(p, scratch);
-    publish_plan<kThreads>(p);
     written = true;
   }
 };
