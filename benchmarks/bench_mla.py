@@ -757,9 +757,6 @@ class Bench:
             "outs": [torch.empty(q_shape[:-1] + (D_V,), dtype=torch.bfloat16, device=self.dev) for _ in range(n_sets)],
             "block_tables": block_tables.to(self.dev),
             "seq_lens": torch.tensor(shape.kv_lens, dtype=torch.int32, device=self.dev),
-            # --replan's other lengths: the last request one token shorter (the same work, to 1 token)
-            "seq_lens_alt": torch.tensor(shape.kv_lens[:-1] + (shape.kv_lens[-1] - 1,), dtype=torch.int32,
-                                         device=self.dev),
             "cum_seq_lens_q": torch.tensor(qo_indptr, dtype=torch.int32, device=self.dev) if shape.ragged else None,
             # FlashInfer's CSR metadata, on the host (its plan reads lengths on the CPU)
             "qo_indptr": torch.tensor(qo_indptr, dtype=torch.int32),
@@ -777,10 +774,14 @@ class Bench:
         ws_bytes = jit_mla.get_workspace_size(shape.batch, shape.num_heads, total_q=shape.total_q, device=self.dev)
         ws = torch.empty(ws_bytes, dtype=torch.uint8, device=self.dev)
         ragged = {"cum_seq_lens_q": data["cum_seq_lens_q"], "max_q_len": shape.max_q_len} if shape.ragged else {}
+        # --replan's other lengths: the last request one token shorter (the same work, to one token)
+        alt_lens = data["seq_lens"].clone() if self.replan else None
+        if alt_lens is not None:
+            alt_lens[-1] -= 1
 
         def make(i: int) -> Callable[[], object]:
             q, kv, out = data["queries"][i], data["slabs"][i], data["outs"][i]
-            seq_lens = data["seq_lens_alt" if self.replan and i % 2 else "seq_lens"]
+            seq_lens = alt_lens if self.replan and i % 2 else data["seq_lens"]
 
             def call():
                 return jit_mla.trtllm_batch_decode_with_kv_cache_mla(
