@@ -92,15 +92,19 @@ def _env(tree: Path, cache: str) -> dict:
     return dict(os.environ, PYTHONPATH=f"{site}:{tree}", JIT_MLA_CACHE_DIR=cache)
 
 
-def bench_once(tree: Path, cache: str, shapes: str, out_dir: str) -> dict[str, float]:
-    """µs per shape name of one quick benchmark run of `tree`."""
+def bench_once(tree: Path, cache: str, shapes: str, out_dir: str, replan: bool = False) -> dict[str, float]:
+    """µs per shape name of one quick benchmark run of `tree` (`replan`: bench_mla.py --replan,
+    every call on other lengths than the one before it; its names end in " replan")."""
     cmd = [sys.executable, "benchmarks/bench_mla.py", "--quick", "--no-flashinfer", "--assume-ceilings",
            "--out-dir", out_dir]
     if shapes:
         cmd += ["--shapes", shapes]
+    if replan:
+        cmd += ["--replan"]
     subprocess.run(cmd, cwd=tree, env=_env(tree, cache), check=True, stdout=subprocess.DEVNULL)
     (result,) = Path(out_dir).glob("*.json")
-    return {row["name"]: row["ours"]["us"] for row in json.loads(result.read_text())["rows"]}
+    suffix = " replan" if replan else ""
+    return {row["name"] + suffix: row["ours"]["us"] for row in json.loads(result.read_text())["rows"]}
 
 
 def summarize(times: dict[str, list[dict[str, float]]]) -> list[str]:
@@ -117,7 +121,7 @@ def summarize(times: dict[str, list[dict[str, float]]]) -> list[str]:
     return lines
 
 
-def run(variants: list[str], shapes: str, rounds: int, suite: bool) -> None:
+def run(variants: list[str], shapes: str, rounds: int, suite: bool, replan: bool = False) -> None:
     unpack_if_packed(variants)
     trees = {"main": ROOT, **{v: AB_DIR / v for v in variants}}
     for v, tree in trees.items():
@@ -138,7 +142,10 @@ def run(variants: list[str], shapes: str, rounds: int, suite: bool) -> None:
             # and cache states (small shapes read ~1.5% slower there), so no tree always gets it.
             order = list(trees.items())
             for v, tree in order[::-1] if i % 2 else order:
-                times[v].append(bench_once(tree, f"/tmp/ab_cache_{v}", shapes, f"{tmp}/{v}_{i}"))
+                row = bench_once(tree, f"/tmp/ab_cache_{v}", shapes, f"{tmp}/{v}_{i}")
+                if replan:
+                    row |= bench_once(tree, f"/tmp/ab_cache_{v}", shapes, f"{tmp}/{v}_{i}_replan", replan=True)
+                times[v].append(row)
                 print(f"round {i + 1} {v}: done", flush=True)
             # Each round's table as it ends: a run cut short by its time limit still reports.
             print(f"after round {i + 1}:", "\n".join(summarize(times)), sep="\n", flush=True)
@@ -156,6 +163,8 @@ def main() -> None:
     r.add_argument("--shapes", default="", help="bench_mla.py --shapes (default: all)")
     r.add_argument("--rounds", type=int, default=2)
     r.add_argument("--suite", action="store_true", help="GPU test suite on each variant first")
+    r.add_argument("--replan", action="store_true",
+                   help="also time each tree with bench_mla.py --replan (a call that cannot reuse a plan)")
     args = ap.parse_args()
     if args.cmd == "prepare":
         print(prepare(args.name, args.patches))
@@ -163,7 +172,7 @@ def main() -> None:
         archive = pack()
         print(f"{archive} ({archive.stat().st_size / 2**20:.1f} MiB)")
     else:
-        run(args.variants, args.shapes, args.rounds, args.suite)
+        run(args.variants, args.shapes, args.rounds, args.suite, args.replan)
 
 
 if __name__ == "__main__":
