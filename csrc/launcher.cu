@@ -15,9 +15,7 @@
 #include <tvm/ffi/optional.h>
 #include <tvm/ffi/string.h>
 
-#include <atomic>
 #include <mutex>
-#include <random>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -199,21 +197,10 @@ CtaPlan cta_plan(int64_t shared_rows, int unit_rows, int64_t sm_count) {
   return CtaPlan{m_group, static_cast<int>(ctas / m_group * m_group)};
 }
 
-// The value a launch's pair merges arrive with (combine.cuh: pair_handshakes): a workspace word
-// that holds it was written by this launch's partner, any other value (0 after a completed
-// merge, an earlier launch's tag, whatever a new buffer held) means "first". Odd, so never 0;
-// new for every host launch, from a random start, so that no buffer's old contents hold it. A
-// CUDA graph replays the captured tag, which is safe: each merge resets its word to 0.
-unsigned long long next_call_tag() {
-  static std::atomic<unsigned long long> next{(static_cast<unsigned long long>(std::random_device{}()) << 32) ^
-                                              std::random_device{}()};
-  return next.fetch_add(2) | 1ull;
-}
-
 // Byte offsets of the workspace's parts, sized for at most max_ctas_of(sm_count) CTAs (whatever
 // their sets) and units of >= kMinUnitRows rows.
 struct WorkspaceLayout {
-  size_t pair_flags, group_prefix, cost_prefix, bounds, split_groups, partial_lse, partial_o, total;
+  size_t group_prefix, cost_prefix, bounds, split_groups, partial_lse, partial_o, total;
 };
 
 WorkspaceLayout workspace_layout(int64_t batch, int64_t total_q, int64_t num_heads, int64_t sm_count) {
@@ -222,9 +209,6 @@ WorkspaceLayout workspace_layout(int64_t batch, int64_t total_q, int64_t num_hea
   const int64_t ctas = max_ctas_of(sm_count);
   const int64_t slots = kSlotsPerCta * ctas;
   size_t off = 0;
-  // First, at the aligned base: the only words a launch reads before it writes them (the pair
-  // merges' arrivals; tests/gpu_initcheck.py initializes them for compute-sanitizer).
-  w.pair_flags = off;   off = align_up(off + sizeof(unsigned long long) * ctas);
   w.group_prefix = off; off = align_up(off + sizeof(int) * (batch + 1));
   w.cost_prefix = off;  off = align_up(off + sizeof(int64_t) * (units + 1));
   w.bounds = off;       off = align_up(off + sizeof(WorkPos) * (ctas + 1));
@@ -734,8 +718,6 @@ void run_attention(TensorView out, Optional<TensorView> lse, TensorView query, T
   p.cost_prefix = reinterpret_cast<int64_t*>(ws_base + ws.cost_prefix);
   p.bounds = reinterpret_cast<WorkPos*>(ws_base + ws.bounds);
   p.split_groups = reinterpret_cast<int*>(ws_base + ws.split_groups);
-  p.pair_flags = reinterpret_cast<unsigned long long*>(ws_base + ws.pair_flags);
-  p.call_tag = next_call_tag();
   p.partial_lse = reinterpret_cast<float*>(ws_base + ws.partial_lse);
   p.partial_o = reinterpret_cast<float*>(ws_base + ws.partial_o);
   p.max_groups = static_cast<int>(max_units);

@@ -6,9 +6,6 @@ fast), so their results look unwritten when `.item()` copies them out. Here no P
 on the GPU: inputs are made on the CPU and copied over (a copy initializes), outputs and the
 workspace are `torch.empty` (uninitialized on purpose: a kernel must write every row it owns and
 read only what it wrote), and results are copied back and checked on the CPU. Any report is ours.
-The one exception: the workspace's first words (the launcher's pair_flags, at its 256-byte
-aligned base), which a launch reads before it writes (the pair merges' arrival words: any value
-but the launch's tag means "first"); a copy fills them, as a previous launch would have.
 
     compute-sanitizer --tool initcheck python3 tests/gpu_initcheck.py
 """
@@ -27,9 +24,6 @@ from mla_data import assert_close_fa3, make_case  # noqa: E402
 # (label, B, q_lens (int: uniform, list: ragged), H, page, kv_lens, sinks, types: "bf16", or
 # "fp8" (an e4m3 cache, bf16 query) or "fp8q" (e4m3 query and cache): the narrow fp8 kernels, and
 # the wide one for an e4m3 query of more than 32 rows with TMA pages)
-# Alignment slack (256) + one 8-byte word per CTA (kMaxCtas 256): the pair merges' arrival words.
-PAIR_FLAG_BYTES = 256 + 8 * 256
-
 CASES = [
     ("uniform-tma", 3, 1, 16, 64, [1, 200, 1000], False, "bf16"),
     ("uniform-q2-page1", 4, 2, 16, 1, [2, 9, 130, 700], False, "bf16"),
@@ -53,7 +47,6 @@ def run(label, B, q_lens, H, page, kv_lens, sinks, types) -> None:
     gpu = make_case(B, q_lens, H, page, kv_lens, **kw_case, device="cuda")
     total_q = gpu.query.shape[0] if ragged else B * q_lens
     ws = torch.empty(jit_mla.get_workspace_size(B, H, total_q=total_q), dtype=torch.uint8, device="cuda")
-    ws[:PAIR_FLAG_BYTES].copy_(torch.full((PAIR_FLAG_BYTES,), 0xFF, dtype=torch.uint8))  # a copy, no GPU kernel
     out, lse = jit_mla.trtllm_batch_decode_with_kv_cache_mla(
         gpu.query, gpu.kv_cache, ws, 128, 512, 64, gpu.block_tables, gpu.seq_lens, max(kv_lens),
         bmm1_scale=gpu.bmm1_scale, sinks=gpu.sinks if sinks else None, return_lse=True,

@@ -357,69 +357,14 @@ __device__ __forceinline__ void merge_rows(const MlaParams& p, const Unit& unit,
   me_mark(kMeStored);
 }
 
-// ---- pair merges ----------------------------------------------------------------------------
-// A group cut once (its pieces on sets s - 1 and s, s the cut) is merged by whichever of its
-// two CTAs (per lane of the sets) finishes second, as soon as it does: no grid barrier for it,
-// and the pairs that finish early merge under the attention of the others. The two meet at a
-// workspace word per cut and lane: each publishes its partials (a release fence) and swaps the
-// launch's tag in; the one that finds the tag there already is second, reads the partner's
-// partials (an acquire fence) and resets the word to 0 for the next launch (launcher.cu:
-// next_call_tag). The plan leaves pairs off the split list of the grid-wide merge.
-struct PairMerges {
-  int count;         // pairs this CTA merges (0-2): those where it came second
-  int cut0, group0;  // the first: its cut s and group
-  int cut1, group1;
-};
-
-__device__ __forceinline__ PairMerges pair_handshakes(const MlaParams& p) {
-  PairMerges pm{0, 0, 0, 0, 0};
-  const int set = blockIdx.x >> p.m_group_log2, lane_m = blockIdx.x & (p.m_group - 1);
-  const WorkPos beg = p.bounds[set], end = p.bounds[set + 1];
-  // This set's first group begun by set - 1 and ended here; its last one begun here and ended
-  // by set + 1. (set 0 begins at the start; a set ending inside a group is not the last.)
-  const bool second_piece = beg.block > 0 && !cuts_group(p.bounds[set - 1], beg.group) && !cuts_group(end, beg.group);
-  const bool first_piece = end.block > 0 && !cuts_group(beg, end.group) && !cuts_group(p.bounds[set + 2], end.group);
-  if (!second_piece && !first_piece) return pm;
-  __syncthreads();  // every thread's partial stores before thread 0's release
-  bool came0 = false, came1 = false;
-  if (threadIdx.x == 0) {
-    unsigned long long* const w0 = p.pair_flags + ((set << p.m_group_log2) + lane_m);
-    unsigned long long* const w1 = w0 + p.m_group;  // cut set + 1
-    __threadfence();
-    if (second_piece) came0 = atomicExch(w0, p.call_tag) == p.call_tag;
-    if (first_piece) came1 = atomicExch(w1, p.call_tag) == p.call_tag;
-    if (came0) *w0 = 0ull;
-    if (came1) *w1 = 0ull;
-    __threadfence();
-  }
-  came0 = __syncthreads_or(came0);
-  came1 = __syncthreads_or(came1);
-  if (came0) pm = PairMerges{1, set, beg.group, 0, 0};
-  if (came1) {
-    if (pm.count == 0) pm = PairMerges{1, set + 1, end.group, 0, 0};
-    else pm = PairMerges{2, pm.cut0, pm.group0, set + 1, end.group};
-  }
-  return pm;
-}
-
-// Unit u of the split list (the u / m_group-th split group, lane u % m_group), or with `pair`
-// this CTA's unit of pair u of pm: its geometry into *unit and its partials' slots into slots;
-// returns their count, 0 when the request's last group has no unit in this lane (nothing to
-// merge). Reads only the plan (every CTA wrote the same values) and the inputs, so it may run
-// before the grid barrier completes.
-__device__ __forceinline__ int lookup_unit(const MlaParams& p, int u, bool pair, const PairMerges& pm, int* slots,
-                                           Unit* unit) {
+// Unit u of the split list (the u / m_group-th split group, lane u % m_group): its geometry into
+// *unit and its partials' slots into slots; returns their count, 0 when the request's last
+// group has no unit in this lane (nothing to merge). Reads only the plan (every CTA wrote the
+// same values) and the inputs, so it may run before the grid barrier completes.
+__device__ __forceinline__ int lookup_unit(const MlaParams& p, int u, int* slots, Unit* unit) {
   me_mark(kMeUnit);
-  int grp, lane_m, first_set;
-  if (pair) {  // the pair's first set holds its first piece; collect_slots finds both
-    grp = u == 0 ? pm.group0 : pm.group1;
-    first_set = (u == 0 ? pm.cut0 : pm.cut1) - 1;
-    lane_m = blockIdx.x & (p.m_group - 1);
-  } else {
-    grp = p.split_groups[1 + 2 * (u >> p.m_group_log2)];
-    first_set = p.split_groups[2 + 2 * (u >> p.m_group_log2)];
-    lane_m = u & (p.m_group - 1);
-  }
+  const int grp = p.split_groups[1 + 2 * (u >> p.m_group_log2)], lane_m = u & (p.m_group - 1);
+  const int first_set = p.split_groups[2 + 2 * (u >> p.m_group_log2)];
   // Three rounds of dependent loads before the partials (B <= 32, a scan of <= 32 sets): the
   // split list; the set ranges with the request search; the request's lengths (make_unit)
   // while the slots are scanned. Larger batches add a search step each.
@@ -436,20 +381,15 @@ __device__ __forceinline__ int lookup_unit(const MlaParams& p, int u, bool pair,
 
 // Called by every thread of every CTA after its attention work (a CTA with none included).
 __device__ __forceinline__ void combine_splits(const MlaParams& p) {
-  if ((kProbe & 4) != 0) return;
-  // Pairs first: this CTA's partials are published by the handshake, and a pair it merges
-  // needs no other CTA.
-  const PairMerges pm = pair_handshakes(p);
   // The plan is the same in every CTA, so either all of them wait at the barrier or none does.
   const int units = p.split_groups[0] * p.m_group;
-  if (units == 0 && pm.count == 0) return;
-  // Split phases: this CTA's partials are published at the arrival (a release); its pair
-  // merges, the scale and its first unit's lookup (plan data only) run while the other CTAs
-  // finish, so a CTA waiting at the barrier has them when it is released.
+  if (units == 0 || (kProbe & 4) != 0) return;
+  // Split phases: this CTA's partials are published at the arrival (a release); the scale and
+  // its first unit's lookup (plan data only) are loaded while the other CTAs finish, so a CTA
+  // waiting at the barrier has them when it is released.
   me_reset();
   const cooperative_groups::grid_group grid = cooperative_groups::this_grid();
-  cooperative_groups::grid_group::arrival_token arrival{};
-  if (units > 0) arrival = grid.barrier_arrive();
+  cooperative_groups::grid_group::arrival_token arrival = grid.barrier_arrive();
 
   extern __shared__ uint8_t smem_raw[];
   CombineSmem& cs = *reinterpret_cast<CombineSmem*>(smem_raw);
@@ -462,81 +402,68 @@ __device__ __forceinline__ void combine_splits(const MlaParams& p) {
   // Items: whole rows, or 128- or 256-column chunks of rows when even the chunks are not more
   // than the warps (a short request split many ways: few rows, many splits each). A unit's rows are
   // counted as q_len * H when a uniform query length makes that fewer than a unit holds (H = 16
-  // decode: 16 rows), so that the warps share only rows that exist.
+  // decode: 16 rows), so that the warps share only rows that exist. A warp's items are
+  // contiguous; warps are numbered warp 0 of every CTA first, so that few items still spread
+  // over all SMs.
   const int unit_cap = 1 << p.unit_rows_log2;
   const int unit_rows = p.cum_q == nullptr ? max(1, min(unit_cap, p.q_len * p.head_div.d)) : unit_cap;
-  // Phase 0: this CTA's pairs, whole rows over its own warps. Phase 1: the listed units, whose
-  // items are contiguous per warp, warps numbered warp 0 of every CTA first, so that few items
-  // still spread over all SMs.
-#pragma unroll 1
-  for (int phase = pm.count > 0 ? 0 : 1; phase < (units > 0 ? 2 : 1); ++phase) {
-    int per_row = 1, item0, item1;
-    if (phase == 0) {
-      const int per_warp = (pm.count * unit_rows + kCombineWarps - 1) / kCombineWarps;
-      item0 = warp * per_warp;
-      item1 = min(pm.count * unit_rows, item0 + per_warp);
-    } else {
-      // 32-bit: units < num_ctas <= kMaxCtas (a split group per cut), so whole-row items are
-      // fewer than 64 kMaxCtas, and chunk items (per_row 2 or 4) no more than the warps.
-      const int rows = units * unit_rows;
-      const int warps = (int)gridDim.x * kCombineWarps;
-      // Few rows (a short request split many ways): 128-column items when four per row are
-      // not more than the warps, else 256-column ones when two are not, else rows.
-      per_row = rows * kCombineQuarters <= warps ? kCombineQuarters : rows * kCombineChunks <= warps ? kCombineChunks : 1;
-      const int items = rows * per_row;
-      const int per_warp = (items + warps - 1) / warps;
-      item0 = (warp * (int)gridDim.x + (int)blockIdx.x) * per_warp;
-      item1 = min(items, item0 + per_warp);
-    }
-    const int unit_items = unit_rows * per_row;
-    int cur_unit = -1, cur_row = -1, n = 0;
-    float lse = -INFINITY;
-    Unit unit{};
-    if (phase == 1) {
-      __syncwarp();  // phase 0's slots and weights no longer read
-      if (item0 < item1) {
-        cur_unit = item0 / unit_items;
-        n = lookup_unit(p, cur_unit, false, pm, slots, &unit);
-      }
-      grid.barrier_wait(std::move(arrival));  // every partial is written (and visible: acquire)
-      trace_mark(kMarkSynced);
-      me_mark(kMeSynced);
-    }
+  // 32-bit: units < num_ctas <= kMaxCtas (a split group per cut), so whole-row items are fewer
+  // than 64 kMaxCtas, and chunk items (per_row 2 or 4) no more than the warps.
+  const int rows = units * unit_rows;
+  const int warps = (int)gridDim.x * kCombineWarps;
+  // Few rows (a short request split many ways): 128-column items when four per row are not
+  // more than the warps, else 256-column ones when two are not, else rows.
+  const int per_row = rows * kCombineQuarters <= warps ? kCombineQuarters
+                      : rows * kCombineChunks <= warps ? kCombineChunks
+                                                       : 1;
+  const int items = rows * per_row, unit_items = unit_rows * per_row;
+  const int per_warp = (items + warps - 1) / warps;
+  const int item0 = (warp * (int)gridDim.x + (int)blockIdx.x) * per_warp;
+  const int item1 = min(items, item0 + per_warp);
+  int cur_unit = -1, cur_row = -1, n = 0;
+  float lse = -INFINITY;
+  Unit unit{};
+  if (item0 < item1) {
+    cur_unit = item0 / unit_items;
+    n = lookup_unit(p, cur_unit, slots, &unit);
+  }
+  grid.barrier_wait(std::move(arrival));  // every partial is written (and visible: acquire)
+  trace_mark(kMarkSynced);
+  me_mark(kMeSynced);
 
-    for (int item = item0; item < item1; ++item) {
-      const int u = item / unit_items;
-      const int r = item / per_row % unit_rows;
-      if (u != cur_unit) {
-        __syncwarp();  // slots and weight of the previous unit no longer read
-        cur_unit = u;
-        cur_row = -1;
-        n = lookup_unit(p, u, phase == 0, pm, slots, &unit);
-      }
-      if (n == 0 || r >= unit.rows) continue;
-      if (per_row == 1 && n <= kCombineRowLanes) {
-        // Whole rows, few splits: up to kCombineRows of this warp's rows of the unit merged
-        // together, as many as one round of the staging holds.
-        const int k = min(min(kCombineRows, unit.rows - r), min(item1 - item, kStageChunks / (kCombineChunks * n)));
-        if (k > 1) {
-          merge_rows(p, unit, slots, weight, n, r, k, bmm2, stage);
-          item += k - 1;
-          cur_row = -1;
-          continue;
-        }
-      }
-      // A row's chunks are consecutive: its weights are worked out once, at its first.
-      const bool new_row = r != cur_row;
-      if (new_row) __syncwarp();  // weight of the previous row no longer read
-      cur_row = r;
-      // Item's columns: chunk item % per_row of kHeadDimV / per_row.
-      const int col0 = item % per_row * (kHeadDimV / per_row);
-      if (per_row == kCombineQuarters)
-        merge_item<1, true>(p, unit, slots, weight, n, r, col0, new_row, &lse, bmm2, stage);
-      else if (per_row == kCombineChunks)
-        merge_item<1, false>(p, unit, slots, weight, n, r, col0, new_row, &lse, bmm2, stage);
-      else
-        merge_row_regs(p, unit, slots, weight, n, r, new_row, &lse, bmm2);
+  for (int item = item0; item < item1; ++item) {
+    const int u = item / unit_items;
+    const int r = item / per_row % unit_rows;
+    if (u != cur_unit) {
+      __syncwarp();  // slots and weight of the previous unit no longer read
+      cur_unit = u;
+      cur_row = -1;
+      n = lookup_unit(p, u, slots, &unit);
     }
+    if (n == 0 || r >= unit.rows) continue;
+    if (per_row == 1 && n <= kCombineRowLanes) {
+      // Whole rows, few splits: up to kCombineRows of this warp's rows of the unit merged
+      // together, as many as one round of the staging holds.
+      const int k = min(min(kCombineRows, unit.rows - r), min(item1 - item, kStageChunks / (kCombineChunks * n)));
+      if (k > 1) {
+        merge_rows(p, unit, slots, weight, n, r, k, bmm2, stage);
+        item += k - 1;
+        cur_row = -1;
+        continue;
+      }
+    }
+    // A row's chunks are consecutive: its weights are worked out once, at its first.
+    const bool new_row = r != cur_row;
+    if (new_row) __syncwarp();  // weight of the previous row no longer read
+    cur_row = r;
+    // Item's columns: chunk item % per_row of kHeadDimV / per_row.
+    const int col0 = item % per_row * (kHeadDimV / per_row);
+    if (per_row == kCombineQuarters)
+      merge_item<1, true>(p, unit, slots, weight, n, r, col0, new_row, &lse, bmm2, stage);
+    else if (per_row == kCombineChunks)
+      merge_item<1, false>(p, unit, slots, weight, n, r, col0, new_row, &lse, bmm2, stage);
+    else
+      merge_row_regs(p, unit, slots, weight, n, r, new_row, &lse, bmm2);
   }
 }
 

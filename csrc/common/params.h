@@ -60,8 +60,6 @@ struct MlaParams {
   float* partial_o;           // [kSlotsPerCta * num_ctas, 64, 512] fp32 slots: a split unit's
                               // normalized partial as bf16 rows in the slot's first half
                               // (partial_row), the fp8 kernels' O^T promotion in fp32
-  unsigned long long* pair_flags;  // [num_ctas]: the pair merges' arrival words (combine.cuh)
-  unsigned long long call_tag;     // this launch's arrival value: odd, never 0, new per host launch
   int max_groups;             // upper bound of the group count (sizes cost_prefix)
   int num_ctas;               // grid of the attention kernel (cooperative), a multiple of m_group
   int m_group;                // CTAs per set: units of a group run side by side (1, 2 or 4)

@@ -245,7 +245,7 @@ __device__ void plan_splits(const MlaParams& p, PlanScratch<NT>& scratch) {
   __syncthreads();  // the caller reads bounds and group_prefix next
 }
 
-// 4. Groups split by at least two cuts, listed once each (at their first cut s) for the combine,
+// 4. Groups split by at least one cut, listed once each (at their first cut s) for the combine,
 //    with their first set s - 1 (its range holds the group's start: bounds[s - 1] is not inside
 //    the group, or s would not be the first cut). Boundaries 1..S-1, NT at a time (the loop
 //    bound is uniform: every thread scans). After plan_splits, by every thread of the CTA (its
@@ -262,10 +262,8 @@ __device__ void list_split_groups(const MlaParams& p, PlanScratch<NT>& scratch) 
     bool first_cut = false;
     int group = 0;
     if (s >= 1 && s < S) {
-      const WorkPos cur = p.bounds[s], prev = p.bounds[s - 1], next = p.bounds[s + 1];
-      // Listed: groups cut more than once. A group cut once (sets s - 1 and s its two pieces)
-      // is a pair, merged by the second of its CTAs to finish (combine.cuh: pair_handshakes).
-      first_cut = cur.block > 0 && !cuts_group(prev, cur.group) && cuts_group(next, cur.group);
+      const WorkPos cur = p.bounds[s], prev = p.bounds[s - 1];
+      first_cut = cur.block > 0 && !(prev.group == cur.group && prev.block > 0);
       group = cur.group;
     }
     int count;

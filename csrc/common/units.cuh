@@ -91,9 +91,6 @@ __device__ __forceinline__ int find_request(const MlaParams& p, int g) {
   return lo;
 }
 
-// Whether a set boundary at w cuts group g (lies inside it, past its start).
-__device__ __forceinline__ bool cuts_group(WorkPos w, int g) { return w.group == g && w.block > 0; }
-
 __device__ __forceinline__ bool pos_less(WorkPos a, WorkPos b) {
   return a.group < b.group || (a.group == b.group && a.block < b.block);
 }
