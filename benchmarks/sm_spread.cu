@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "cluster_ptx.cuh"
+#include "kv_map.cuh"
 #include "sm90/tma.cuh"
 
 namespace {
@@ -71,25 +72,6 @@ __global__ void __launch_bounds__(kThreads, 1) held_stream(const __grid_constant
   }
 }
 
-using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                   const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                   CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-
-bool kv_map(CUtensorMap* map, void* kv, long long pages) {
-  void* fn = nullptr;
-  cudaDriverEntryPointQueryResult found{};
-  if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) !=
-          cudaSuccess || fn == nullptr)
-    return false;
-  const cuuint64_t dims[3] = {576, 64, (cuuint64_t)pages};
-  const cuuint64_t strides[2] = {576 * 2, 64 * 576 * 2};
-  const cuuint32_t box[3] = {64, 64, 1}, elem_strides[3] = {1, 1, 1};
-  return reinterpret_cast<EncodeTiledFn>(fn)(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, kv, dims, strides, box,
-                                            elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                            CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) ==
-         CUDA_SUCCESS;
-}
-
 }  // namespace
 
 int main() {
@@ -107,7 +89,7 @@ int main() {
   const size_t flush_bytes = 256u << 20;
   cudaMalloc(&flush, flush_bytes);
   CUtensorMap map;
-  if (!kv_map(&map, kv, pages)) {
+  if (!kv_map(&map, kv, pages, CU_TENSOR_MAP_L2_PROMOTION_NONE)) {
     printf("cuTensorMapEncodeTiled failed\n");
     return 1;
   }

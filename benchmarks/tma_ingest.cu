@@ -42,6 +42,7 @@
 #include <vector>
 
 #include "cluster_ptx.cuh"
+#include "kv_map.cuh"
 #include "sm90/tma.cuh"  // the kernels' mbarrier, TMA and L2-policy wrappers
 
 namespace {
@@ -164,25 +165,6 @@ __global__ void __launch_bounds__(kThreads, 1) ingest_tensor(const __grid_consta
   }
   __syncthreads();
   if (threadIdx.x == 0) cycles[blockIdx.x] = clock64() - t0;
-}
-
-using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                   const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                   CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-
-// The attention kernels' KV map (launcher.cu kv_tensor_map, bf16, page 64, dense pages).
-bool kv_map(CUtensorMap* map, void* kv, long long pages, CUtensorMapL2promotion promotion) {
-  void* fn = nullptr;
-  cudaDriverEntryPointQueryResult found{};
-  if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) !=
-          cudaSuccess || fn == nullptr)
-    return false;
-  const cuuint64_t dims[3] = {576, 64, (cuuint64_t)pages};
-  const cuuint64_t strides[2] = {576 * 2, 64 * 576 * 2};
-  const cuuint32_t box[3] = {64, 64, 1}, elem_strides[3] = {1, 1, 1};
-  return reinterpret_cast<EncodeTiledFn>(fn)(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, kv, dims, strides, box,
-                                            elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                            promotion, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
 // Median of 5 timed launches in ms; -1 if a launch or the kernel failed (err says which).
