@@ -12,7 +12,8 @@
 # into $OUT/all.tgz after the benchmark and again at the end, so a run cut short still returns
 # its logs. About 6 minutes without variants (suite ~125 s, fuzz ~35 s, sanitizers ~55 s,
 # benchmark ~125 s at 52 rows (Session 38), start-up); each variant adds ~120 s (two rounds of
-# main and it, all 52 shapes).
+# main and it, all 52 shapes). Shorter (Session 41: 251 s with one variant on 19 rows and 100
+# fuzz examples): AB_SHAPES=0,3,4,... (bench_mla.py indices) and FUZZ_EXAMPLES=100.
 set -u
 commit="${1:?usage: validate_gpu.sh COMMIT [VARIANT...]}"
 shift
@@ -37,13 +38,13 @@ read -ra suite <<< "$(python3 -c 'import sys; sys.path.insert(0, "benchmarks"); 
 step sass_check 60 python3 -c 'import sys; from jit_mla import sass
 sys.exit(0 if sass.check_cubin(open("cubins/sm_90a/mla_sm90.cubin", "rb").read(), "cubins/sm_90a") else "no disassembler")'
 step suite 240 python3 -m pytest -q "${suite[@]}"
-JIT_MLA_FUZZ_EXAMPLES=200 step fuzz 150 python3 -m pytest -q -s tests/test_fuzz_gpu.py
+JIT_MLA_FUZZ_EXAMPLES="${FUZZ_EXAMPLES:-200}" step fuzz 150 python3 -m pytest -q -s tests/test_fuzz_gpu.py
 OUT="$logs/san" step san 180 bash tests/gpu_sanitize.sh
 step main_job 90 python3 -m jit_mla
 step bench 420 python3 benchmarks/bench_mla.py --out-dir "$logs/results" --commit "$commit"
 pack
 if [[ $# -gt 0 ]]; then
-  step ab $((60 + 100 * $#)) python3 benchmarks/ab.py run --rounds 2 "$@"
+  step ab $((60 + 100 * $#)) python3 benchmarks/ab.py run --rounds 2 ${AB_SHAPES:+--shapes "$AB_SHAPES"} "$@"
   pack
 fi
 cat "$logs/steps.txt"
