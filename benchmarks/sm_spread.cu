@@ -75,8 +75,7 @@ __global__ void __launch_bounds__(kThreads, 1) held_stream(const __grid_constant
 }  // namespace
 
 int main() {
-  int sms = 0, khz = 0;
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+  int khz = 0;
   cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0);
   cudaFuncSetAttribute(held_stream, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   const int ctas = 128;
