@@ -36,7 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 AB_DIR = ROOT / ".ab"
 SUITE = ["tests/test_bad_values_gpu.py", "tests/test_mla_gpu.py", "tests/test_engine_gpu.py",
-         "tests/test_guard_bands_gpu.py"]
+         "tests/test_guard_bands_gpu.py", "tests/test_plan_cache_gpu.py"]
 
 
 def prepare(name: str, patches: list[str]) -> Path:

@@ -13,7 +13,8 @@
 # its logs. About 6 minutes without variants (suite ~125 s, fuzz ~35 s, sanitizers ~55 s,
 # benchmark ~125 s at 52 rows (Session 38), start-up); each variant adds ~120 s (two rounds of
 # main and it, all 52 shapes). Shorter (Session 41: 251 s with one variant on 19 rows and 100
-# fuzz examples): AB_SHAPES=0,3,4,... (bench_mla.py indices) and FUZZ_EXAMPLES=100.
+# fuzz examples): AB_SHAPES=0,3,4,... (bench_mla.py indices) and FUZZ_EXAMPLES=100. AB_REPLAN=1:
+# the A/B also times calls that cannot reuse a plan (ab.py run --replan; twice the time).
 set -u
 commit="${1:?usage: validate_gpu.sh COMMIT [VARIANT...]}"
 shift
@@ -44,7 +45,10 @@ step main_job 90 python3 -m jit_mla
 step bench 420 python3 benchmarks/bench_mla.py --out-dir "$logs/results" --commit "$commit"
 pack
 if [[ $# -gt 0 ]]; then
-  step ab $((60 + 100 * $#)) python3 benchmarks/ab.py run --rounds 2 ${AB_SHAPES:+--shapes "$AB_SHAPES"} "$@"
+  per_variant=100
+  [[ -n "${AB_REPLAN:-}" ]] && per_variant=200
+  step ab $((60 + per_variant * $#)) python3 benchmarks/ab.py run --rounds 2 \
+    ${AB_SHAPES:+--shapes "$AB_SHAPES"} ${AB_REPLAN:+--replan} "$@"
   pack
 fi
 cat "$logs/steps.txt"

@@ -15,6 +15,8 @@
 #include <tvm/ffi/optional.h>
 #include <tvm/ffi/string.h>
 
+#include <algorithm>
+#include <array>
 #include <mutex>
 #include <sstream>
 #include <string>
@@ -198,9 +200,14 @@ CtaPlan cta_plan(int64_t shared_rows, int unit_rows, int64_t sm_count) {
 }
 
 // Byte offsets of the workspace's parts, sized for at most max_ctas_of(sm_count) CTAs (whatever
-// their sets) and units of >= kMinUnitRows rows.
+// their sets) and units of >= kMinUnitRows rows. The plan's header comes first, at the same
+// offset whatever the call (plan_cache.cuh: a call reads it before it knows whether the last one
+// had its layout); the plan words read after the plan (group_prefix, bounds, split_groups, with
+// their padding) lie in one span, and their shadows in a span of the same size after it.
 struct WorkspaceLayout {
-  size_t group_prefix, cost_prefix, bounds, split_groups, partial_lse, partial_o, total;
+  size_t plan_header, plan_input_copy, cost_prefix, group_prefix, bounds, split_groups, plan_shadow;
+  size_t partial_lse, partial_o, total;
+  int64_t ctas;  // the CTAs it is sized for
 };
 
 WorkspaceLayout workspace_layout(int64_t batch, int64_t total_q, int64_t num_heads, int64_t sm_count) {
@@ -208,15 +215,40 @@ WorkspaceLayout workspace_layout(int64_t batch, int64_t total_q, int64_t num_hea
   WorkspaceLayout w{};
   const int64_t ctas = max_ctas_of(sm_count);
   const int64_t slots = kSlotsPerCta * ctas;
+  w.ctas = ctas;
   size_t off = 0;
-  w.group_prefix = off; off = align_up(off + sizeof(int) * (batch + 1));
-  w.cost_prefix = off;  off = align_up(off + sizeof(int64_t) * (units + 1));
-  w.bounds = off;       off = align_up(off + sizeof(WorkPos) * (ctas + 1));
-  w.split_groups = off; off = align_up(off + sizeof(int) * (2 * ctas + 1));
-  w.partial_lse = off;  off = align_up(off + sizeof(float) * slots * kBlockM);
+  w.plan_header = off;     off = align_up(off + sizeof(int) * kPlanKeyWords);
+  w.plan_input_copy = off; off = align_up(off + sizeof(int) * (2 * batch + 1));
+  w.cost_prefix = off;     off = align_up(off + sizeof(int64_t) * (units + 1));
+  w.group_prefix = off;    off = align_up(off + sizeof(int) * (batch + 1));
+  w.bounds = off;          off = align_up(off + sizeof(WorkPos) * (ctas + 1));
+  w.split_groups = off;    off = align_up(off + sizeof(int) * (2 * ctas + 1));
+  w.plan_shadow = off;     off += off - w.group_prefix;
+  w.partial_lse = off;     off = align_up(off + sizeof(float) * slots * kBlockM);
   w.partial_o = off;    off = align_up(off + sizeof(float) * slots * kBlockM * kHeadDimV);
   w.total = off + kWsAlign;  // slack: the buffer's start is aligned up to 256 bytes
   return w;
+}
+
+// Whether the last call launched on this workspace had this plan key (then the kernel checks for
+// its plan there, plan_cache.cuh; otherwise it plans without the check's round trip, as after a
+// call of another shape on a shared workspace). A hint only: either answer gives the same result.
+// Under CUDA-graph capture the answers follow the captured order, which replays keep.
+bool plan_key_seen(const void* ws_base, const int (&key)[kPlanKeyWords]) {
+  static std::mutex mutex;
+  static std::vector<std::pair<const void*, std::array<int, kPlanKeyWords>>> last;  // a few workspaces
+  std::array<int, kPlanKeyWords> k;
+  std::copy(key, key + kPlanKeyWords, k.begin());
+  std::lock_guard<std::mutex> lock(mutex);
+  for (auto& [base, seen] : last) {
+    if (base != ws_base) continue;
+    const bool same = seen == k;
+    seen = k;
+    return same;
+  }
+  if (last.size() >= 64) last.erase(last.begin());  // bounded: the oldest workspace forgotten
+  last.emplace_back(ws_base, k);
+  return false;
 }
 
 int64_t workspace_size(int64_t batch, int64_t total_q, int64_t num_heads, int64_t sm_count) {
@@ -583,6 +615,10 @@ void run_attention(TensorView out, Optional<TensorView> lse, TensorView query, T
   MLA_CHECK(max_units < (int64_t(1) << 31) - kMaxCtas, ValueError)
       << "batch_size = " << batch_size << " with " << total_q << " query rows of " << num_heads
       << " heads is too large: at most 2^31 - " << kMaxCtas << " work units are supported";
+  // The plan's input copy and its span are counted in int32 (plan_cache.cuh: 2B + 1 copy words,
+  // the span's int4s).
+  MLA_CHECK(batch_size < (int64_t(1) << 30), ValueError)
+      << "batch_size must be below 2^30, got " << batch_size;
 
   std::vector<int64_t> out_shape = shape_of(query);
   out_shape.back() = kHeadDimV;
@@ -714,6 +750,9 @@ void run_attention(TensorView out, Optional<TensorView> lse, TensorView query, T
   p.bmm2_scale = s2.value;
   p.out = data_of(out);
   p.lse = lse.has_value() ? reinterpret_cast<float*>(data_of(*lse)) : nullptr;
+  p.plan_header = reinterpret_cast<int*>(ws_base + ws.plan_header);
+  p.plan_input_copy = reinterpret_cast<int*>(ws_base + ws.plan_input_copy);
+  p.plan_span4 = static_cast<int>((ws.plan_shadow - ws.group_prefix) / sizeof(int4));
   p.group_prefix = reinterpret_cast<int*>(ws_base + ws.group_prefix);
   p.cost_prefix = reinterpret_cast<int64_t*>(ws_base + ws.cost_prefix);
   p.bounds = reinterpret_cast<WorkPos*>(ws_base + ws.bounds);
@@ -725,6 +764,13 @@ void run_attention(TensorView out, Optional<TensorView> lse, TensorView query, T
   p.m_group_log2 = __builtin_ctz(static_cast<unsigned>(ctas.m_group));  // m_group: 1, 2 or 4
   p.num_ctas = ctas.num_ctas;
   p.unit_rows_log2 = unit_rows_log2;
+  // The plan's key (plan_cache.cuh): all it depends on but the input values, and the layout of
+  // the words it is kept in. Word 0 names the plan's format: change it with plan.cuh's rules.
+  const int plan_key[kPlanKeyWords] = {
+      kPlanFormat, p.batch, p.cum_q != nullptr ? -1 : p.q_len, p.total_q, p.head_div.d, p.kv_cap,
+      p.unit_rows_log2, p.m_group, p.num_ctas, p.max_groups, static_cast<int>(ws.ctas), 0};
+  std::copy(plan_key, plan_key + kPlanKeyWords, p.plan_key);
+  p.plan_check = plan_key_seen(ws_base, p.plan_key) ? 1 : 0;
   p.num_pages = static_cast<int>(key_cache.size(0));
   p.kv_box_rows = static_cast<int>(std::min<int64_t>(page_size, kBlockN));
   if (use_tma) p.kv_tmap = kv_tensor_map(p.kv, key_cache.size(0), page_size, row_stride, page_stride, kv_fp8);

@@ -380,10 +380,11 @@ __device__ __forceinline__ int lookup_unit(const MlaParams& p, int u, int* slots
 }
 
 // Called by every thread of every CTA after its attention work (a CTA with none included).
-__device__ __forceinline__ void combine_splits(const MlaParams& p) {
+// Returns whether it passed the grid barrier (every CTA has finished its attention).
+__device__ __forceinline__ bool combine_splits(const MlaParams& p) {
   // The plan is the same in every CTA, so either all of them wait at the barrier or none does.
   const int units = p.split_groups[0] * p.m_group;
-  if (units == 0 || (kProbe & 4) != 0) return;
+  if (units == 0 || (kProbe & 4) != 0) return false;
   // Split phases: this CTA's partials are published at the arrival (a release); the scale and
   // its first unit's lookup (plan data only) are loaded while the other CTAs finish, so a CTA
   // waiting at the barrier has them when it is released.
@@ -465,6 +466,7 @@ __device__ __forceinline__ void combine_splits(const MlaParams& p) {
     else
       merge_row_regs(p, unit, slots, weight, n, r, new_row, &lse, bmm2);
   }
+  return true;
 }
 
 }  // namespace jit_mla

@@ -18,6 +18,13 @@ struct WorkPos {
   int block;
 };
 
+// Words of the plan's key (the launcher's, plan_cache.cuh): everything the split plan depends on
+// besides the input values.
+constexpr int kPlanKeyWords = 12;
+// The key's first word: the plan's format and rules (plan.cuh, config.h's constants). A cubin
+// whose plan differs for the same inputs must use another.
+constexpr int kPlanFormat = 0x4a4d5004;
+
 struct MlaParams {
   // TMA descriptor of the KV cache: dims (576, page_size, num_pages), box (64, kv_box_rows, 1),
   // 128-byte swizzle. First member: a CUtensorMap must be 64-byte aligned.
@@ -60,6 +67,12 @@ struct MlaParams {
   float* partial_o;           // [kSlotsPerCta * num_ctas, 64, 512] fp32 slots: a split unit's
                               // normalized partial as bf16 rows in the slot's first half
                               // (partial_row), the fp8 kernels' O^T promotion in fp32
+  int* plan_header;           // [kPlanKeyWords] at the workspace's start: the last published plan's key
+  int* plan_input_copy;       // [B (+ B+1)]: the seq_lens (and cum_q) that plan was made from
+  int plan_span4;             // int4s of the plan's span from group_prefix (bounds, split_groups
+                              // and padding), each one's shadow as many int4s further on
+  int plan_key[kPlanKeyWords];  // this call's key (plan_cache.cuh), by the launcher
+  int plan_check;             // 1: look for this call's plan in the workspace (the last call there had its key)
   int max_groups;             // upper bound of the group count (sizes cost_prefix)
   int num_ctas;               // grid of the attention kernel (cooperative), a multiple of m_group
   int m_group;                // CTAs per set: units of a group run side by side (1, 2 or 4)

@@ -11,8 +11,9 @@
 // Groups that all cost the same (a uniform decode batch) may instead go whole, a few to a set
 // (more groups than sets, if that leaves >= kWholeGroupSetsPct % of the sets busy), or in equal
 // pieces, one to a set (2 .. s_eff groups, if the largest piece passes the cost test): step 3.
-// Deterministic: the same inputs give the same plan. plan_splits (steps 1-3) gives every CTA its
-// range; list_split_groups (step 4) writes the list only the merge reads, so a kernel may run it
+// Deterministic: the same inputs give the same plan, so a call may reuse the one in the workspace
+// when its inputs are those it was made from (plan_cache.cuh). plan_splits (steps 1-3) gives every
+// CTA its range; list_split_groups (step 4) writes the list only the merge reads, so a kernel may run it
 // later, behind its first loads (sm90/epilogue.cuh: start_cta, SplitList).
 #pragma once
 #include "../config.h"

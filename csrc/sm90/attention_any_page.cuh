@@ -54,7 +54,7 @@ struct RowState {
   float l;  // this thread's partial sum of 2^(t - m) (quad-reduced at the end)
 };
 
-__device__ void attention_any_page(const MlaParams& p) {
+__device__ bool attention_any_page(const MlaParams& p) {
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw_addr = smem_u32(smem_raw);
   SharedStorage& ss =
@@ -67,7 +67,7 @@ __device__ void attention_any_page(const MlaParams& p) {
   const int r_a = 16 * ((tid % 128) / 32) + lane / 4, r_b = r_a + 8;
 
   const CtaRange cr = start_cta<kNumThreads>(p);
-  if (cr.group0 == cr.group_end) return;
+  if (cr.group0 == cr.group_end) return cr.planned;
 
   const auto [scale_log2, bmm2] = call_scales(p);
 
@@ -183,6 +183,7 @@ __device__ void attention_any_page(const MlaParams& p) {
     // this one's reads.
     __syncthreads();
   }
+  return cr.planned;
 }
 
 }  // namespace jit_mla::sm90

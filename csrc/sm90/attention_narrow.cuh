@@ -96,7 +96,7 @@ __device__ __forceinline__ float next_running_max(const float (&colmax)[4][kN], 
 }
 
 template <int kN>
-__device__ void attention_narrow(const MlaParams& p) {
+__device__ bool attention_narrow(const MlaParams& p) {
   constexpr int kT = kN / 8;       // column octets per thread: columns 8t + 2 q4 + {0, 1}
   constexpr int kAcc = kN / 2;     // fp32 registers of one m64nN accumulator
   extern __shared__ uint8_t smem_raw[];
@@ -118,7 +118,7 @@ __device__ void attention_narrow(const MlaParams& p) {
   __syncthreads();
 
   SplitList<kNumThreads> splits{static_plan_scratch<kNumThreads>()};
-  const CtaRange cr = start_cta<kNumThreads, false>(p, splits.scratch);
+  const CtaRange cr = start_cta<kNumThreads, false>(p, splits.scratch, &splits.written);
 
   const auto [scale_log2, bmm2] = call_scales(p);
   // S^T stays unscaled (the column maxima and P's FFMA apply ps) unless ps is 1 for a zero,
@@ -334,6 +334,7 @@ __device__ void attention_narrow(const MlaParams& p) {
     tl_mark(kTlNUnitDone, loads);
   }
   splits.write(p);  // a CTA without a unit (no first loads to run it behind)
+  return cr.planned;
 }
 
 }  // namespace jit_mla::sm90

@@ -523,7 +523,7 @@ __device__ __forceinline__ void promote_o_narrow(float (&acc)[8][4 * kT], float*
 }
 
 template <int kN, bool kTma, bool kQ8>
-__device__ void attention_narrow_fp8(const MlaParams& p) {
+__device__ bool attention_narrow_fp8(const MlaParams& p) {
   constexpr int kT = kN / 8;    // column octets per thread: columns 8t + 2 q4 + {0, 1}
   constexpr int kAcc = kN / 2;  // fp32 registers of one m64nN accumulator
   constexpr int kChains = kN == 16 ? 2 : 1;  // QK^T accumulators (registers: kN 32 has fewer left)
@@ -557,7 +557,7 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
   __syncthreads();
 
   const CtaRange cr = start_cta<kNumThreads>(p);
-  if (cr.group0 == cr.group_end) return;
+  if (cr.group0 == cr.group_end) return cr.planned;
 
   const auto [scale_log2, bmm2] = call_scales(p);
   uint32_t loads = 0;  // blocks this warpgroup consumed so far: block j is in stage 2 wg + j % 2
@@ -933,6 +933,7 @@ __device__ void attention_narrow_fp8(const MlaParams& p) {
     __syncthreads();
     tl_mark(kTlNUnitDone, loads);
   }
+  return cr.planned;
 }
 
 }  // namespace jit_mla::sm90

@@ -372,7 +372,7 @@ __device__ __forceinline__ void pv_ss(float (&o)[128], uint32_t p_box, uint32_t 
 // launches; 33.4 against 31.9 µs), also when it was compiled in but not run, while B128 runs 5%
 // faster with it.
 template <bool kReread, bool kSteadyBody = true>
-__device__ void attention_seesaw(const MlaParams& p) {
+__device__ bool attention_seesaw(const MlaParams& p) {
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw_addr = smem_u32(smem_raw);
   SeesawSmem& ss = *reinterpret_cast<SeesawSmem*>(smem_raw + ((1024 - (raw_addr & 1023)) & 1023));
@@ -396,7 +396,7 @@ __device__ void attention_seesaw(const MlaParams& p) {
   __syncthreads();
 
   const CtaRange cr = start_cta<kNumThreads>(p);
-  if (cr.group0 == cr.group_end) return;
+  if (cr.group0 == cr.group_end) return cr.planned;
 
   const auto [scale_log2, bmm2] = call_scales(p);
   const float ps = p_exp_scale(scale_log2);
@@ -641,6 +641,7 @@ __device__ void attention_seesaw(const MlaParams& p) {
     __syncthreads();
     probe_file(kSiteEpilog, t_epilog);
   }
+  return cr.planned;
 }
 
 }  // namespace jit_mla::sm90

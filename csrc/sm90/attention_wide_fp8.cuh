@@ -176,7 +176,7 @@ __device__ __forceinline__ void promote_o_wide(float (&acc)[4][32], float* po, b
 }
 
 template <bool kTma, bool kQ8>
-__device__ void attention_wide_fp8(const MlaParams& p) {
+__device__ bool attention_wide_fp8(const MlaParams& p) {
   static_assert(kTma, "the wide fp8 kernel is written for TMA pages");
   // P is stored as 2^kPShift P in e4m3 (as the narrow fp8 kernels: e4m3 keeps P down to 2^-17 of
   // the row max); the row sums and O carry the factor, the row max handed to the store drops it.
@@ -226,7 +226,7 @@ __device__ void attention_wide_fp8(const MlaParams& p) {
     static_assert(sizeof(PlanScratch<kNumThreads>) <= sizeof(ss.colmax), "the plan's scratch fits in colmax");
     cr = start_cta<kNumThreads>(p, *reinterpret_cast<PlanScratch<kNumThreads>*>(&ss.colmax[0][0][0]));
   }
-  if (cr.group0 == cr.group_end) return;
+  if (cr.group0 == cr.group_end) return cr.planned;
 
   const auto [scale_log2, bmm2] = call_scales(p);
   const float ps = p_exp_scale(scale_log2);  // kQ8; a bf16 query has a scale per row (psc)
@@ -650,6 +650,7 @@ __device__ void attention_wide_fp8(const MlaParams& p) {
     fence_proxy_async_smem();
     __syncthreads();
   }
+  return cr.planned;
 }
 
 }  // namespace jit_mla::sm90

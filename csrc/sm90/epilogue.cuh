@@ -8,6 +8,7 @@
 #include "../common/finalize.cuh"
 #include "../common/params.h"
 #include "../common/plan.cuh"
+#include "../common/plan_cache.cuh"
 #include "../common/probe.h"
 #include "../common/units.cuh"
 #include "../config.h"
@@ -22,6 +23,7 @@ struct CtaRange {
   int set, lane_m;
   WorkPos beg, end;
   int group0, group_end;
+  bool planned;  // this CTA planned (did not reuse the workspace's plan): the last CTA then publishes it
 };
 
 __device__ __forceinline__ CtaRange cta_range(const MlaParams& p) {
@@ -53,19 +55,32 @@ __device__ __forceinline__ float p_exp_scale(float scale_log2) { return scale_lo
 
 // How every attention CTA starts: nothing the previous kernel in the stream writes (inputs, or
 // the previous call still reading the workspace) may be touched before the PDL wait; then the
-// next kernel may launch (it waits for our completion before it reads anything), this CTA plans
+// next kernel may launch (it waits for our completion before it reads anything), this CTA reuses
+// the plan in the workspace when it was made from this call's inputs (plan_cache.cuh), or plans
 // the call's splits (as every CTA does) and takes its share. kListSplits: the plan's split list
-// too; false: the kernel writes it later (SplitList).
+// too; false: the kernel writes the list later (SplitList; *listed is set when the plan was
+// reused: nothing left to write). The last CTA publishes a plan it made after the merge's grid
+// barrier (cr.planned; mla_sm90.cu).
 // scratch: the planner's shared memory (free again when the split list is written).
 template <int kThreads, bool kListSplits = true>
-__device__ __forceinline__ CtaRange start_cta(const MlaParams& p, PlanScratch<kThreads>& scratch) {
+__device__ __forceinline__ CtaRange start_cta(const MlaParams& p, PlanScratch<kThreads>& scratch,
+                                              bool* listed = nullptr) {
   pdl_wait_primary();
   trace_mark(kMarkReady);
   pdl_launch_dependents();
-  plan_splits<kThreads>(p, scratch);
-  if constexpr (kListSplits) list_split_groups<kThreads>(p, scratch);
+  // The check's result is the same in every thread (a barrier's reduction); the shuffle from
+  // lane 0 says so to ptxas, which otherwise serializes the kernel's wgmmas (its note C7520) for
+  // a branch around the plan's barriers.
+  const bool reuse = __shfl_sync(0xffffffffu, plan_in_workspace<kThreads>(p), 0);
+  if (!reuse) {
+    plan_splits<kThreads>(p, scratch);
+    if constexpr (kListSplits) list_split_groups<kThreads>(p, scratch);
+  } else if (listed != nullptr) {
+    *listed = true;
+  }
+  CtaRange cr = cta_range(p);  // after a reuse, L1 hits: the check loaded these words
+  cr.planned = !reuse;
   trace_mark(kMarkPlanned);
-  const CtaRange cr = cta_range(p);
   trace_range(cr.beg.group, cr.beg.block, cr.end.group, cr.end.block);
   return cr;
 }
@@ -82,7 +97,8 @@ __device__ __forceinline__ CtaRange start_cta(const MlaParams& p) {
 }
 
 // The plan's split list (list_split_groups) written by the kernel after start_cta<kThreads,
-// false>: once per CTA, by all its threads (it has barriers), before the merge. The kernel
+// false>: once per CTA, by all its threads (it has barriers), before the merge; nothing when
+// start_cta reused the plan (it sets `written`). The kernel
 // calls write() behind its first unit's loads, where its threads would wait for them anyway,
 // and once more after its unit loop, where it writes only in a CTA that had no unit. The narrow
 // bf16 kernel does (B1 kv8192 H16 3% faster); in the seesaw and fp8 kernels it measured 1-4%

@@ -25,14 +25,19 @@ static_assert(sizeof(jit_mla::CombineSmem) <=
 namespace {
 // What both kernels run: attention by `Attend`, then the merge of split units, between the
 // trace probe's marks (no code in the shipped cubin).
-template <void (*Attend)(const MlaParams&)>
+template <bool (*Attend)(const MlaParams&)>
 __device__ __forceinline__ void attend_then_merge(const MlaParams& p) {
   jit_mla::trace_mark(jit_mla::kMarkEntry);
   jit_mla::probe_waits_reset();  // read after the kernels' first __syncthreads
   jit_mla::tl_reset();
-  Attend(p);
+  // Attend: true when this CTA planned (did not reuse the workspace's plan)
+  const bool planned = __shfl_sync(0xffffffffu, Attend(p), 0);  // uniform, so ptxas knows it is
   jit_mla::trace_mark(jit_mla::kMarkAttended);
-  jit_mla::combine_splits(p);
+  // A plan made here is published once every CTA has checked for one: after the merge's grid
+  // barrier (a call without splits has none), by the last CTA (the fewest merge rows: warps take
+  // them CTA by CTA).
+  const bool synced = jit_mla::combine_splits(p);
+  if (synced && planned && blockIdx.x == gridDim.x - 1) jit_mla::publish_plan(p);
   jit_mla::trace_mark(jit_mla::kMarkDone);
   // Records last (to global memory, printed by mla_probe_dump: a printf here would make ptxas
   // serialize the wgmmas).
