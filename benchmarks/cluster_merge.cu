@@ -1,0 +1,255 @@
+// What a merge of split units through distributed shared memory would cost: the K pieces of a
+// 64-row unit run on the K CTAs of one cluster, and at the end each CTA still holds its piece's
+// unnormalized O (64 x 512 fp32, the seesaw's accumulator layout over two warpgroups) and each
+// row's max and sum. Instead of partial rows to global memory, the grid barrier and the merge
+// (perf-notes Next 3: ~2.5 + 3.5-5.7 µs at B8-B32 H128), each CTA finalizes a K-th of the rows
+// (row octets dealt out in turn):
+//   1. every CTA publishes its rows' (max, sum) in its shared memory; cluster barrier;
+//   2. each thread reads its two rows' (max, sum) from all K CTAs, weighs its O by
+//      2^(m - M) / L, and stores the rows it does not own into their owner's receive slots
+//      (st.shared::cluster; fp32, or bf16 as the global partials are now); cluster barrier;
+//   3. the owners add the K - 1 received slots to their own rows and store the output (bf16).
+// Measured per CTA with clock64 (the whole merge and its three phases, each up to its cluster
+// barrier), the median and the slowest of all CTAs, K = 2, 4, 8; and the
+// launch questions: how many K-CTA clusters of one 227 KiB CTA per SM are resident at once, and
+// whether a cooperative launch of them is accepted (the kernels' other merges need the grid barrier).
+//
+// Build and run (H200): nvcc -arch=sm_90a -O3 -std=c++17 -I../csrc -o cluster_merge cluster_merge.cu && ./cluster_merge
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <vector>
+
+#include "cluster_ptx.cuh"
+
+namespace {
+
+constexpr int kThreads = 256;             // two warpgroups, as the seesaw
+constexpr int kRows = 64, kCols = 512;    // a unit's O
+constexpr int kSmemBytes = 227 * 1024;    // one CTA per SM, as the attention kernels
+constexpr int kMlBytes = kRows * 2 * 4;   // (max, sum) per row
+
+__device__ __forceinline__ float2 ld_cluster_v2(uint32_t addr) {
+  float2 v;
+  asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(addr) : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_cluster_v2(uint32_t addr, float a, float b) {
+  asm volatile("st.shared::cluster.v2.f32 [%0], {%1, %2};" ::"r"(addr), "f"(a), "f"(b) : "memory");
+}
+__device__ __forceinline__ void st_cluster_b32(uint32_t addr, uint32_t v) {
+  asm volatile("st.shared::cluster.b32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
+}
+__device__ __forceinline__ uint32_t pack_bf16(float a, float b) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+// The CTA that finalizes row r, and the row's index among its rows: row octets dealt out in
+// turn, so that each thread's two rows (r0, r0 + 8) go to different owners at K = 2 and every
+// warp sends its share (contiguous rows would leave half the warps idle).
+template <int K>
+__device__ __forceinline__ int owner_of(int r) { return (r >> 3) % K; }
+template <int K>
+__device__ __forceinline__ int owned_index(int r) { return ((r >> 3) / K) * 8 + (r & 7); }
+
+// Column pair p (0..255) of row r in a receive slot, swizzled so that a warp's 8 rows (one per
+// lane quad) land in different banks: 8 consecutive pairs form a 32-byte (fp32) chunk, XORed by
+// the row.
+__device__ __forceinline__ int swz(int r, int p) { return (p & ~0x38) | (((p >> 3) ^ r) & 7) << 3; }
+
+template <int K, bool kBf16>
+__global__ void __launch_bounds__(kThreads, 1) cluster_merge(__nv_bfloat16* out, long long* cycles, int reps) {
+  static_assert(K <= 8, "row octets: at most 8 owners");
+  constexpr int kOwn = kRows / K;                      // rows a CTA finalizes
+  constexpr int kElem = kBf16 ? 2 : 4;                 // bytes per value in a receive slot
+  constexpr int kSlotBytes = kOwn * kCols * kElem;     // one sender's rows for one owner
+  static_assert(kMlBytes + (K - 1) * kSlotBytes <= kSmemBytes, "fits");
+  extern __shared__ __align__(128) uint8_t raw[];
+  float* ml = reinterpret_cast<float*>(raw);
+  uint8_t* recv = raw + kMlBytes;
+  const int tid = threadIdx.x, wg = tid / 128, warp = (tid % 128) / 32, lane = tid % 32;
+  const int rank = (int)cluster_rank();
+  // The wgmma m64n256 accumulator of warpgroup wg: rows r0, r0 + 8, columns 256 wg + 8 j + 2 q
+  // + {0, 1} (j < 32) in o[2 (32 h + j) + {0, 1}] for row r0 + 8 h.
+  const int r0 = 16 * warp + lane / 4, q = lane % 4;
+  float o[128];
+#pragma unroll
+  for (int i = 0; i < 128; ++i) o[i] = 0.001f * (i + tid) + rank;
+  float m[2], l[2];
+  for (int h = 0; h < 2; ++h) {
+    m[h] = 0.25f * rank + 0.01f * (r0 + 8 * h);
+    l[h] = 1.0f + rank;
+  }
+  cluster_sync();
+  long long ph[3] = {0, 0, 0};  // per phase: (max, sum) published; slots stored; output stored
+  const long long t0 = clock64();
+  for (int rep = 0; rep < reps; ++rep) {
+    const long long ta = clock64();
+    // 1. (max, sum) of every row, by warpgroup 0's quad leaders
+    if (wg == 0 && q == 0)
+      for (int h = 0; h < 2; ++h) {
+        ml[2 * (r0 + 8 * h)] = m[h];
+        ml[2 * (r0 + 8 * h) + 1] = l[h];
+      }
+    cluster_sync();
+    const long long tb = clock64();
+    ph[0] += tb - ta;
+    // 2. weights, then the rows owned elsewhere into their owner's slot
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = r0 + 8 * h;
+      float mk[K], lk[K], M = -INFINITY;
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        const float2 v = ld_cluster_v2(mapa(smem_u32(ml + 2 * r), k));
+        mk[k] = v.x;
+        lk[k] = v.y;
+        M = fmaxf(M, v.x);
+      }
+      float L = 0.f;
+#pragma unroll
+      for (int k = 0; k < K; ++k) L += exp2f(mk[k] - M) * lk[k];
+      const float w = exp2f(m[h] - M) / L;
+      const int owner = owner_of<K>(r);
+      if (owner == rank) {
+#pragma unroll
+        for (int j = 0; j < 64; ++j) o[64 * h + j] *= w;
+        continue;
+      }
+      const int slot = rank < owner ? rank : rank - 1;
+      const int rr = owned_index<K>(r);
+      const uint32_t base = mapa(smem_u32(recv + slot * kSlotBytes + rr * kCols * kElem), owner);
+#pragma unroll
+      for (int j = 0; j < 32; ++j) {
+        const int p = swz(rr, 128 * wg + 4 * j + q);  // column pair (256 wg + 8 j + 2 q) / 2
+        const float a = o[64 * h + 2 * j] * w, b = o[64 * h + 2 * j + 1] * w;
+        if constexpr (kBf16) st_cluster_b32(base + 4 * p, pack_bf16(a, b));
+        else st_cluster_v2(base + 8 * p, a, b);
+      }
+    }
+    cluster_sync();
+    const long long tc = clock64();
+    ph[1] += tc - tb;
+    // 3. the owner's rows: its own weighted O plus the received slots, to global memory
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = r0 + 8 * h;
+      if (owner_of<K>(r) != rank) continue;
+      const int rr = owned_index<K>(r);
+#pragma unroll
+      for (int j = 0; j < 32; ++j) {
+        const int p = swz(rr, 128 * wg + 4 * j + q);
+        float a = o[64 * h + 2 * j], b = o[64 * h + 2 * j + 1];
+#pragma unroll
+        for (int s = 0; s < K - 1; ++s) {
+          const uint8_t* row = recv + s * kSlotBytes + rr * kCols * kElem;
+          if constexpr (kBf16) {
+            const __nv_bfloat162 v = reinterpret_cast<const __nv_bfloat162*>(row)[p];
+            a += __bfloat162float(v.x);
+            b += __bfloat162float(v.y);
+          } else {
+            const float2 v = reinterpret_cast<const float2*>(row)[p];
+            a += v.x;
+            b += v.y;
+          }
+        }
+        const size_t o_off = ((size_t)(blockIdx.x / K) * kRows + r) * kCols + 256 * wg + 8 * j + 2 * q;
+        *reinterpret_cast<__nv_bfloat162*>(out + o_off) = __floats2bfloat162_rn(a, b);
+      }
+    }
+    cluster_sync();  // the slots are read before the next round writes them
+    ph[2] += clock64() - tc;
+  }
+  const long long t1 = clock64();
+  if (tid == 0) {
+    cycles[4 * blockIdx.x] = (t1 - t0) / max(reps, 1);
+    for (int i = 0; i < 3; ++i) cycles[4 * blockIdx.x + 1 + i] = ph[i] / max(reps, 1);
+  }
+}
+
+
+cudaError_t launch(const void* fn, int grid, int cluster, bool cooperative, void** args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(grid);
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = kSmemBytes;
+  cudaLaunchAttribute attr[2];
+  int n = 0;
+  attr[n++] = cluster_dim_attr(cluster);
+  if (cooperative) {
+    attr[n].id = cudaLaunchAttributeCooperative;
+    attr[n].val.cooperative = 1;
+    ++n;
+  }
+  cfg.attrs = attr;
+  cfg.numAttrs = n;
+  return cudaLaunchKernelExC(&cfg, fn, args);
+}
+
+int resident_clusters(const void* fn, int k, int sms) {
+  cudaLaunchConfig_t occ = {};
+  occ.gridDim = dim3(k * sms);
+  occ.blockDim = dim3(kThreads);
+  occ.dynamicSmemBytes = kSmemBytes;
+  cudaLaunchAttribute ca = cluster_dim_attr(k);
+  occ.attrs = &ca;
+  occ.numAttrs = 1;
+  int clusters = -1;
+  const cudaError_t e = cudaOccupancyMaxActiveClusters(&clusters, fn, &occ);
+  if (e != cudaSuccess) printf("occupancy K=%d: %s\n", k, cudaGetErrorString(e));
+  return clusters;
+}
+
+template <int K, bool kBf16>
+void run(int sms, __nv_bfloat16* out, long long* cycles) {
+  const void* fn = reinterpret_cast<const void*>(cluster_merge<K, kBf16>);
+  cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  if (K > 8) cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+  const int clusters = resident_clusters(fn, K, sms);
+  const int grid = K * std::max(clusters, 1);
+  for (int reps : {1, 16}) {
+    void* args[] = {&out, &cycles, &reps};
+    cudaError_t e = cudaSuccess;
+    for (int i = 0; i < 3; ++i) e = launch(fn, grid, K, true, args);  // cooperative, as the kernels
+    const cudaError_t s = cudaDeviceSynchronize();
+    std::vector<long long> all(4 * grid);
+    cudaMemcpy(all.data(), cycles, all.size() * sizeof(long long), cudaMemcpyDeviceToHost);
+    long long med[4], mx[4];
+    for (int i = 0; i < 4; ++i) {
+      std::vector<long long> h;
+      for (int b = 0; b < grid; ++b) h.push_back(all[4 * b + i]);
+      std::sort(h.begin(), h.end());
+      med[i] = h[grid / 2];
+      mx[i] = h.back();
+    }
+    printf("K=%d %s: %d clusters resident (%d CTAs), cooperative launch %s / %s; reps %2d: cycles per merge "
+           "median %lld (max %lld); phases (max, sum) %lld, slots %lld, output %lld\n",
+           K, kBf16 ? "bf16" : "fp32", clusters, grid, cudaGetErrorString(e), cudaGetErrorString(s), reps,
+           med[0], mx[0], med[1], med[2], med[3]);
+    cudaGetLastError();
+  }
+}
+
+}  // namespace
+
+int main() {
+  int sms = 0, clock_khz = 0;
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+  cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0);
+  printf("%d SMs, max SM clock %d MHz\n", sms, clock_khz / 1000);
+  __nv_bfloat16* out;
+  long long* cycles;
+  cudaMalloc(&out, (size_t)2 * sms * kRows * kCols * sizeof(__nv_bfloat16));
+  cudaMalloc(&cycles, 4 * 2 * sms * sizeof(long long));
+  run<2, false>(sms, out, cycles);
+  run<2, true>(sms, out, cycles);
+  run<4, false>(sms, out, cycles);
+  run<4, true>(sms, out, cycles);
+  run<8, false>(sms, out, cycles);
+  run<8, true>(sms, out, cycles);
+  return 0;
+}
