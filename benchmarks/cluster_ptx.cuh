@@ -1,5 +1,5 @@
 // PTX helpers shared by the standalone cluster microbenchmarks (dsmem_exchange.cu,
-// tma_ingest.cu; both build with -I csrc): a CTA's rank and its partner's addresses in a
+// tma_ingest.cu, cluster_merge.cu; all build with -I csrc): a CTA's rank and its partner's addresses in a
 // cluster, the cluster barrier, an mbarrier wait that acquires at cluster scope, and the
 // cluster launch attribute.
 #pragma once
