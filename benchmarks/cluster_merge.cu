@@ -172,49 +172,19 @@ __global__ void __launch_bounds__(kThreads, 1) cluster_merge(__nv_bfloat16* out,
 }
 
 
-cudaError_t launch(const void* fn, int grid, int cluster, bool cooperative, void** args) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(grid);
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = kSmemBytes;
-  cudaLaunchAttribute attr[2];
-  int n = 0;
-  attr[n++] = cluster_dim_attr(cluster);
-  if (cooperative) {
-    attr[n].id = cudaLaunchAttributeCooperative;
-    attr[n].val.cooperative = 1;
-    ++n;
-  }
-  cfg.attrs = attr;
-  cfg.numAttrs = n;
-  return cudaLaunchKernelExC(&cfg, fn, args);
-}
-
-int resident_clusters(const void* fn, int k, int sms) {
-  cudaLaunchConfig_t occ = {};
-  occ.gridDim = dim3(k * sms);
-  occ.blockDim = dim3(kThreads);
-  occ.dynamicSmemBytes = kSmemBytes;
-  cudaLaunchAttribute ca = cluster_dim_attr(k);
-  occ.attrs = &ca;
-  occ.numAttrs = 1;
-  int clusters = -1;
-  const cudaError_t e = cudaOccupancyMaxActiveClusters(&clusters, fn, &occ);
-  if (e != cudaSuccess) printf("occupancy K=%d: %s\n", k, cudaGetErrorString(e));
-  return clusters;
-}
-
 template <int K, bool kBf16>
 void run(int sms, __nv_bfloat16* out, long long* cycles) {
   const void* fn = reinterpret_cast<const void*>(cluster_merge<K, kBf16>);
   cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   if (K > 8) cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-  const int clusters = resident_clusters(fn, K, sms);
+  cudaError_t qe;
+  const int clusters = resident_clusters(fn, K, kThreads, kSmemBytes, sms, &qe);
+  if (qe != cudaSuccess) printf("occupancy K=%d: %s\n", K, cudaGetErrorString(qe));
   const int grid = K * std::max(clusters, 1);
   for (int reps : {1, 16}) {
     void* args[] = {&out, &cycles, &reps};
     cudaError_t e = cudaSuccess;
-    for (int i = 0; i < 3; ++i) e = launch(fn, grid, K, true, args);  // cooperative, as the kernels
+    for (int i = 0; i < 3; ++i) e = launch_clusters(fn, grid, kThreads, kSmemBytes, K, true, args);  // as the kernels
     const cudaError_t s = cudaDeviceSynchronize();
     std::vector<long long> all(4 * grid);
     cudaMemcpy(all.data(), cycles, all.size() * sizeof(long long), cudaMemcpyDeviceToHost);

@@ -1,7 +1,7 @@
 // PTX helpers shared by the standalone cluster microbenchmarks (dsmem_exchange.cu,
 // tma_ingest.cu, cluster_merge.cu; all build with -I csrc): a CTA's rank and its partner's addresses in a
-// cluster, the cluster barrier, an mbarrier wait that acquires at cluster scope, and the
-// cluster launch attribute.
+// cluster, the cluster barrier, an mbarrier wait that acquires at cluster scope, and on the host
+// the cluster launch attribute, a (cooperative) cluster launch and the resident cluster count.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -17,6 +17,42 @@ inline cudaLaunchAttribute cluster_dim_attr(unsigned n) {
   attr.val.clusterDim.y = 1;
   attr.val.clusterDim.z = 1;
   return attr;
+}
+
+// Launch fn with `threads` threads and `smem` bytes of dynamic shared memory per CTA, in clusters
+// of `cluster` CTAs along x (none when 1), cooperatively (all CTAs resident) if asked.
+inline cudaError_t launch_clusters(const void* fn, int grid, int threads, int smem, int cluster, bool cooperative,
+                                   void** args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(grid);
+  cfg.blockDim = dim3(threads);
+  cfg.dynamicSmemBytes = smem;
+  cudaLaunchAttribute attr[2];
+  int n = 0;
+  if (cluster > 1) attr[n++] = cluster_dim_attr(cluster);
+  if (cooperative) {
+    attr[n].id = cudaLaunchAttributeCooperative;
+    attr[n].val.cooperative = 1;
+    ++n;
+  }
+  cfg.attrs = attr;
+  cfg.numAttrs = n;
+  return cudaLaunchKernelExC(&cfg, fn, args);
+}
+
+// How many clusters of `cluster` CTAs of fn (threads, smem as above) are resident at once; -1
+// and *err set when the query fails.
+inline int resident_clusters(const void* fn, int cluster, int threads, int smem, int sms, cudaError_t* err) {
+  cudaLaunchConfig_t occ = {};
+  occ.gridDim = dim3(cluster * sms);
+  occ.blockDim = dim3(threads);
+  occ.dynamicSmemBytes = smem;
+  cudaLaunchAttribute ca = cluster_dim_attr(cluster);
+  occ.attrs = &ca;
+  occ.numAttrs = 1;
+  int clusters = -1;
+  *err = cudaOccupancyMaxActiveClusters(&clusters, fn, &occ);
+  return clusters;
 }
 
 using jit_mla::smem_u32;

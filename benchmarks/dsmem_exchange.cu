@@ -112,21 +112,7 @@ __global__ void __launch_bounds__(kThreads, 1) empty_kernel(int* flag) {
 }
 
 cudaError_t launch(const void* fn, int grid, int cluster, bool cooperative, void** args) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(grid);
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = kSmemBytes;
-  cudaLaunchAttribute attr[2];
-  int n = 0;
-  if (cluster > 1) attr[n++] = cluster_dim_attr(cluster);
-  if (cooperative) {
-    attr[n].id = cudaLaunchAttributeCooperative;
-    attr[n].val.cooperative = 1;
-    ++n;
-  }
-  cfg.attrs = attr;
-  cfg.numAttrs = n;
-  return cudaLaunchKernelExC(&cfg, fn, args);
+  return launch_clusters(fn, grid, kThreads, kSmemBytes, cluster, cooperative, args);
 }
 
 }  // namespace
@@ -137,15 +123,8 @@ int main() {
   cudaFuncSetAttribute(exchange, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   cudaFuncSetAttribute(empty_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
 
-  cudaLaunchConfig_t occ = {};
-  occ.gridDim = dim3(2 * sms);
-  occ.blockDim = dim3(kThreads);
-  occ.dynamicSmemBytes = kSmemBytes;
-  cudaLaunchAttribute ca = cluster_dim_attr(2);
-  occ.attrs = &ca;
-  occ.numAttrs = 1;
-  int clusters = -1;
-  cudaError_t e = cudaOccupancyMaxActiveClusters(&clusters, exchange, &occ);
+  cudaError_t e;
+  int clusters = resident_clusters(reinterpret_cast<const void*>(exchange), 2, kThreads, kSmemBytes, sms, &e);
   printf("%d SMs; 2-CTA clusters of one %d KiB CTA per SM resident at once: %d (%s)\n", sms, kSmemBytes / 1024,
          clusters, cudaGetErrorString(e));
   const int grid = 2 * std::max(clusters, 1);
