@@ -123,9 +123,9 @@ def test_the_same_inputs_across_kernel_families():
 
 def test_scribbles_between_calls_are_caught():
     """Whatever another kernel writes into the workspace between two calls with the same inputs
-    (zeros, a fill byte, random bytes over random ranges, the split count), the second call's
-    result is the fresh workspace's: the header and copies send it to plan, or a plan word
-    disagrees with its shadow."""
+    (zeros, a fill byte, random bytes over random ranges, a key word, an input copy), the second
+    call's result is the fresh workspace's: the header and copies send it to plan, or a word of
+    the plan's span disagrees with its shadow."""
     c = _case(2, 1, 128, [20000, 3000], seed=9)  # split: a split list, partials, the merge
     want = _fresh(c)
     check_case(c, *want, label="plan cache scribbles fresh")
