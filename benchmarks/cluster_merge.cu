@@ -9,8 +9,10 @@
 //      2^(m - M) / L, and stores the rows it does not own into their owner's receive slots
 //      (st.shared::cluster; fp32, or bf16 as the global partials are now); cluster barrier;
 //   3. the owners add the K - 1 received slots to their own rows and store the output (bf16).
-// Measured per CTA with clock64 (the whole merge and its three phases, each up to its cluster
-// barrier), the median and the slowest of all CTAs, K = 2, 4, 8; and the
+// Measured per CTA with clock64 (the whole merge and its phases), the median and the slowest of
+// all CTAs, K = 2, 4, 8, with the remote stores as the accumulator holds the values (a column
+// pair per store: 8 bytes fp32, 4 bf16) or wide (a lane pair's shuffle first: 4 columns, 16
+// bytes fp32, 8 bf16; Session 42 ran the pair stores only); and the
 // launch questions: how many K-CTA clusters of one 227 KiB CTA per SM are resident at once, and
 // whether a cooperative launch of them is accepted (the kernels' other merges need the grid barrier).
 //
@@ -56,12 +58,20 @@ __device__ __forceinline__ int owner_of(int r) { return (r >> 3) % K; }
 template <int K>
 __device__ __forceinline__ int owned_index(int r) { return ((r >> 3) / K) * 8 + (r & 7); }
 
-// Column pair p (0..255) of row r in a receive slot, swizzled so that a warp's 8 rows (one per
-// lane quad) land in different banks: 8 consecutive pairs form a 32-byte (fp32) chunk, XORed by
-// the row.
-__device__ __forceinline__ int swz(int r, int p) { return (p & ~0x38) | (((p >> 3) ^ r) & 7) << 3; }
+// Byte offset of column `col` (0..511) in row rr of a receive slot. kWide: the columns in chunks
+// of 4 (16 bytes fp32, 8 bf16; one remote store each, from a lane pair's shuffle), the chunk
+// index XORed with the row so that a warp's 8 rows land in different banks. Otherwise column
+// pairs (one 8- or 4-byte store each, straight from the accumulator), 8 pairs per 32-byte group,
+// the group XORed with the row.
+template <bool kBf16, bool kWide>
+__device__ __forceinline__ int slot_offset(int rr, int col) {
+  constexpr int kElem = kBf16 ? 2 : 4;
+  if constexpr (kWide) return (((col >> 2) ^ (rr & 7)) * 4 + (col & 3)) * kElem;
+  const int p = col >> 1;
+  return (((p & ~0x38) | ((((p >> 3) ^ rr) & 7) << 3)) * 2 + (col & 1)) * kElem;
+}
 
-template <int K, bool kBf16>
+template <int K, bool kBf16, bool kWide>
 __global__ void __launch_bounds__(kThreads, 1) cluster_merge(__nv_bfloat16* out, long long* cycles, int reps) {
   static_assert(K <= 8, "row octets: at most 8 owners");
   constexpr int kOwn = kRows / K;                      // rows a CTA finalizes
@@ -74,7 +84,8 @@ __global__ void __launch_bounds__(kThreads, 1) cluster_merge(__nv_bfloat16* out,
   const int tid = threadIdx.x, wg = tid / 128, warp = (tid % 128) / 32, lane = tid % 32;
   const int rank = (int)cluster_rank();
   // The wgmma m64n256 accumulator of warpgroup wg: rows r0, r0 + 8, columns 256 wg + 8 j + 2 q
-  // + {0, 1} (j < 32) in o[2 (32 h + j) + {0, 1}] for row r0 + 8 h.
+  // + {0, 1} (j < 32) in o[2 (32 h + j) + {0, 1}] for row r0 + 8 h. A warp's rows share their
+  // octet, so all its lanes agree on each row's owner.
   const int r0 = 16 * warp + lane / 4, q = lane % 4;
   float o[128];
 #pragma unroll
@@ -85,7 +96,8 @@ __global__ void __launch_bounds__(kThreads, 1) cluster_merge(__nv_bfloat16* out,
     l[h] = 1.0f + rank;
   }
   cluster_sync();
-  long long ph[3] = {0, 0, 0};  // per phase: (max, sum) published; slots stored; output stored
+  // per phase: (max, sum) published; slots stored; output summed and stored; the last barrier
+  long long ph[4] = {0, 0, 0, 0};
   const long long t0 = clock64();
   for (int rep = 0; rep < reps; ++rep) {
     const long long ta = clock64();
@@ -122,13 +134,36 @@ __global__ void __launch_bounds__(kThreads, 1) cluster_merge(__nv_bfloat16* out,
       }
       const int slot = rank < owner ? rank : rank - 1;
       const int rr = owned_index<K>(r);
-      const uint32_t base = mapa(smem_u32(recv + slot * kSlotBytes + rr * kCols * kElem), owner);
+      const uint32_t row = mapa(smem_u32(recv + slot * kSlotBytes + rr * kCols * kElem), owner);
+      if constexpr (kWide) {
+        // Blocks j0 = 2t, j1 = 2t + 1: an even lane keeps its j0 pair and takes its partner's
+        // (columns 8 j0 + 2 q .. + 3), an odd lane keeps its j1 pair and takes its partner's.
+        const bool odd = q & 1;
 #pragma unroll
-      for (int j = 0; j < 32; ++j) {
-        const int p = swz(rr, 128 * wg + 4 * j + q);  // column pair (256 wg + 8 j + 2 q) / 2
-        const float a = o[64 * h + 2 * j] * w, b = o[64 * h + 2 * j + 1] * w;
-        if constexpr (kBf16) st_cluster_b32(base + 4 * p, pack_bf16(a, b));
-        else st_cluster_v2(base + 8 * p, a, b);
+        for (int t = 0; t < 16; ++t) {
+          const float a0 = o[64 * h + 4 * t] * w, b0 = o[64 * h + 4 * t + 1] * w;
+          const float a1 = o[64 * h + 4 * t + 2] * w, b1 = o[64 * h + 4 * t + 3] * w;
+          const float rx = __shfl_xor_sync(0xffffffffu, odd ? a0 : a1, 1);
+          const float ry = __shfl_xor_sync(0xffffffffu, odd ? b0 : b1, 1);
+          const int col = 256 * wg + 8 * (odd ? 2 * t + 1 : 2 * t) + 2 * (q & 2);
+          const float4 v = odd ? make_float4(rx, ry, a1, b1) : make_float4(a0, b0, rx, ry);
+          const uint32_t addr = row + slot_offset<kBf16, true>(rr, col);
+          if constexpr (kBf16) {
+            asm volatile("st.shared::cluster.v2.b32 [%0], {%1, %2};" ::"r"(addr), "r"(pack_bf16(v.x, v.y)),
+                         "r"(pack_bf16(v.z, v.w)) : "memory");
+          } else {
+            asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "f"(v.x), "f"(v.y),
+                         "f"(v.z), "f"(v.w) : "memory");
+          }
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < 32; ++j) {
+          const uint32_t addr = row + slot_offset<kBf16, false>(rr, 256 * wg + 8 * j + 2 * q);
+          const float a = o[64 * h + 2 * j] * w, b = o[64 * h + 2 * j + 1] * w;
+          if constexpr (kBf16) st_cluster_b32(addr, pack_bf16(a, b));
+          else st_cluster_v2(addr, a, b);
+        }
       }
     }
     cluster_sync();
@@ -142,39 +177,41 @@ __global__ void __launch_bounds__(kThreads, 1) cluster_merge(__nv_bfloat16* out,
       const int rr = owned_index<K>(r);
 #pragma unroll
       for (int j = 0; j < 32; ++j) {
-        const int p = swz(rr, 128 * wg + 4 * j + q);
+        const int col = 256 * wg + 8 * j + 2 * q;
         float a = o[64 * h + 2 * j], b = o[64 * h + 2 * j + 1];
 #pragma unroll
         for (int s = 0; s < K - 1; ++s) {
-          const uint8_t* row = recv + s * kSlotBytes + rr * kCols * kElem;
+          const uint8_t* at = recv + s * kSlotBytes + rr * kCols * kElem + slot_offset<kBf16, kWide>(rr, col);
           if constexpr (kBf16) {
-            const __nv_bfloat162 v = reinterpret_cast<const __nv_bfloat162*>(row)[p];
+            const __nv_bfloat162 v = *reinterpret_cast<const __nv_bfloat162*>(at);
             a += __bfloat162float(v.x);
             b += __bfloat162float(v.y);
           } else {
-            const float2 v = reinterpret_cast<const float2*>(row)[p];
+            const float2 v = *reinterpret_cast<const float2*>(at);
             a += v.x;
             b += v.y;
           }
         }
-        const size_t o_off = ((size_t)(blockIdx.x / K) * kRows + r) * kCols + 256 * wg + 8 * j + 2 * q;
+        const size_t o_off = ((size_t)(blockIdx.x / K) * kRows + r) * kCols + col;
         *reinterpret_cast<__nv_bfloat162*>(out + o_off) = __floats2bfloat162_rn(a, b);
       }
     }
-    cluster_sync();  // the slots are read before the next round writes them
-    ph[2] += clock64() - tc;
+    const long long td = clock64();
+    ph[2] += td - tc;
+    cluster_sync();  // the slots are read before the next round writes them (a merge's last step
+                     // would not need it: no CTA writes into another after phase 2)
+    ph[3] += clock64() - td;
   }
   const long long t1 = clock64();
   if (tid == 0) {
-    cycles[4 * blockIdx.x] = (t1 - t0) / max(reps, 1);
-    for (int i = 0; i < 3; ++i) cycles[4 * blockIdx.x + 1 + i] = ph[i] / max(reps, 1);
+    cycles[5 * blockIdx.x] = (t1 - t0) / max(reps, 1);
+    for (int i = 0; i < 4; ++i) cycles[5 * blockIdx.x + 1 + i] = ph[i] / max(reps, 1);
   }
 }
 
-
-template <int K, bool kBf16>
+template <int K, bool kBf16, bool kWide>
 void run(int sms, __nv_bfloat16* out, long long* cycles) {
-  const void* fn = reinterpret_cast<const void*>(cluster_merge<K, kBf16>);
+  const void* fn = reinterpret_cast<const void*>(cluster_merge<K, kBf16, kWide>);
   cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   if (K > 8) cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
   cudaError_t qe;
@@ -186,20 +223,20 @@ void run(int sms, __nv_bfloat16* out, long long* cycles) {
     cudaError_t e = cudaSuccess;
     for (int i = 0; i < 3; ++i) e = launch_clusters(fn, grid, kThreads, kSmemBytes, K, true, args);  // as the kernels
     const cudaError_t s = cudaDeviceSynchronize();
-    std::vector<long long> all(4 * grid);
+    std::vector<long long> all(5 * grid);
     cudaMemcpy(all.data(), cycles, all.size() * sizeof(long long), cudaMemcpyDeviceToHost);
-    long long med[4], mx[4];
-    for (int i = 0; i < 4; ++i) {
+    long long med[5], mx[5];
+    for (int i = 0; i < 5; ++i) {
       std::vector<long long> h;
-      for (int b = 0; b < grid; ++b) h.push_back(all[4 * b + i]);
+      for (int b = 0; b < grid; ++b) h.push_back(all[5 * b + i]);
       std::sort(h.begin(), h.end());
       med[i] = h[grid / 2];
       mx[i] = h.back();
     }
-    printf("K=%d %s: %d clusters resident (%d CTAs), cooperative launch %s / %s; reps %2d: cycles per merge "
-           "median %lld (max %lld); phases (max, sum) %lld, slots %lld, output %lld\n",
-           K, kBf16 ? "bf16" : "fp32", clusters, grid, cudaGetErrorString(e), cudaGetErrorString(s), reps,
-           med[0], mx[0], med[1], med[2], med[3]);
+    printf("K=%d %s %s stores: %d clusters resident (%d CTAs), cooperative launch %s / %s; reps %2d: cycles "
+           "per merge median %lld (max %lld); phases (max, sum) %lld, slots %lld, output %lld, last barrier %lld\n",
+           K, kBf16 ? "bf16" : "fp32", kWide ? "wide" : "pair", clusters, grid, cudaGetErrorString(e),
+           cudaGetErrorString(s), reps, med[0], mx[0], med[1], med[2], med[3], med[4]);
     cudaGetLastError();
   }
 }
@@ -214,12 +251,14 @@ int main() {
   __nv_bfloat16* out;
   long long* cycles;
   cudaMalloc(&out, (size_t)2 * sms * kRows * kCols * sizeof(__nv_bfloat16));
-  cudaMalloc(&cycles, 4 * 2 * sms * sizeof(long long));
-  run<2, false>(sms, out, cycles);
-  run<2, true>(sms, out, cycles);
-  run<4, false>(sms, out, cycles);
-  run<4, true>(sms, out, cycles);
-  run<8, false>(sms, out, cycles);
-  run<8, true>(sms, out, cycles);
+  cudaMalloc(&cycles, 5 * 2 * sms * sizeof(long long));
+  run<2, false, false>(sms, out, cycles);
+  run<2, true, false>(sms, out, cycles);
+  run<2, false, true>(sms, out, cycles);
+  run<2, true, true>(sms, out, cycles);
+  run<4, true, false>(sms, out, cycles);
+  run<4, true, true>(sms, out, cycles);
+  run<8, true, false>(sms, out, cycles);
+  run<8, true, true>(sms, out, cycles);
   return 0;
 }
