@@ -234,20 +234,19 @@ WorkspaceLayout workspace_layout(int64_t batch, int64_t total_q, int64_t num_hea
 // its plan there, plan_cache.cuh; otherwise it plans without the check's round trip, as after a
 // call of another shape on a shared workspace). A hint only: either answer gives the same result.
 // Under CUDA-graph capture the answers follow the captured order, which replays keep.
-bool plan_key_seen(const void* ws_base, const int (&key)[kPlanKeyWords]) {
+using PlanKey = std::array<int, kPlanKeyWords>;
+bool plan_key_seen(const void* ws_base, const PlanKey& key) {
   static std::mutex mutex;
-  static std::vector<std::pair<const void*, std::array<int, kPlanKeyWords>>> last;  // a few workspaces
-  std::array<int, kPlanKeyWords> k;
-  std::copy(key, key + kPlanKeyWords, k.begin());
+  static std::vector<std::pair<const void*, PlanKey>> last;  // a few workspaces
   std::lock_guard<std::mutex> lock(mutex);
   for (auto& [base, seen] : last) {
     if (base != ws_base) continue;
-    const bool same = seen == k;
-    seen = k;
+    const bool same = seen == key;
+    seen = key;
     return same;
   }
   if (last.size() >= 64) last.erase(last.begin());  // bounded: the oldest workspace forgotten
-  last.emplace_back(ws_base, k);
+  last.emplace_back(ws_base, key);
   return false;
 }
 
@@ -766,11 +765,11 @@ void run_attention(TensorView out, Optional<TensorView> lse, TensorView query, T
   p.unit_rows_log2 = unit_rows_log2;
   // The plan's key (plan_cache.cuh): all it depends on but the input values, and the layout of
   // the words it is kept in. Word 0 names the plan's format: change it with plan.cuh's rules.
-  const int plan_key[kPlanKeyWords] = {
+  const PlanKey plan_key = {
       kPlanFormat, p.batch, p.cum_q != nullptr ? -1 : p.q_len, p.total_q, p.head_div.d, p.kv_cap,
       p.unit_rows_log2, p.m_group, p.num_ctas, p.max_groups, static_cast<int>(ws.ctas), 0};
-  std::copy(plan_key, plan_key + kPlanKeyWords, p.plan_key);
-  p.plan_check = plan_key_seen(ws_base, p.plan_key) ? 1 : 0;
+  std::copy(plan_key.begin(), plan_key.end(), p.plan_key);
+  p.plan_check = plan_key_seen(ws_base, plan_key) ? 1 : 0;
   p.num_pages = static_cast<int>(key_cache.size(0));
   p.kv_box_rows = static_cast<int>(std::min<int64_t>(page_size, kBlockN));
   if (use_tma) p.kv_tmap = kv_tensor_map(p.kv, key_cache.size(0), page_size, row_stride, page_stride, kv_fp8);
