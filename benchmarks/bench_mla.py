@@ -432,21 +432,24 @@ def _fmt(x: Optional[float], spec: str) -> str:
 
 def markdown_table(result: dict) -> str:
     lines = [
-        "| # | shape | bound | ours µs | TB/s | TFLOP/s | % roof | FI µs | FI % roof | FI/ours | "
-        "MHz ours / FI | % roof at clock ours / FI |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| # | shape | bound | ours µs | TB/s | TFLOP/s | % roof | FlashMLA µs | FM % roof | FM/ours | "
+        "FI µs | FI % roof | FI/ours | MHz ours / FM / FI | % roof at clock ours / FM / FI |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in result.get("rows", []):
         ours = row.get("ours") or {}
+        fm = row.get("flashmla") or {}
         fi = row.get("flashinfer") or {}
-        ratio = row.get("ratio_fi_over_ours")
         lines.append(
             f"| {row['index']} | {row['name']} | {row.get('bound', '?')[:3]} | {_fmt(ours.get('us'), '.1f')} | "
             f"{_fmt(ours.get('tbps'), '.2f')} | {_fmt(ours.get('tflops'), '.0f')} | "
-            f"{_fmt(ours.get('pct_roofline'), '.1f')} | {_fmt(fi.get('us'), '.1f')} | "
-            f"{_fmt(fi.get('pct_roofline'), '.1f')} | {_fmt(ratio, '.2f')} | "
-            f"{_fmt(ours.get('sm_mhz'), '.0f')} / {_fmt(fi.get('sm_mhz'), '.0f')} | "
-            f"{_fmt(ours.get('pct_roofline_at_clock'), '.1f')} / {_fmt(fi.get('pct_roofline_at_clock'), '.1f')} |"
+            f"{_fmt(ours.get('pct_roofline'), '.1f')} | {_fmt(fm.get('us'), '.1f')} | "
+            f"{_fmt(fm.get('pct_roofline'), '.1f')} | {_fmt(row.get('ratio_fm_over_ours'), '.2f')} | "
+            f"{_fmt(fi.get('us'), '.1f')} | "
+            f"{_fmt(fi.get('pct_roofline'), '.1f')} | {_fmt(row.get('ratio_fi_over_ours'), '.2f')} | "
+            f"{_fmt(ours.get('sm_mhz'), '.0f')} / {_fmt(fm.get('sm_mhz'), '.0f')} / {_fmt(fi.get('sm_mhz'), '.0f')} | "
+            f"{_fmt(ours.get('pct_roofline_at_clock'), '.1f')} / {_fmt(fm.get('pct_roofline_at_clock'), '.1f')} / "
+            f"{_fmt(fi.get('pct_roofline_at_clock'), '.1f')} |"
         )
     return "\n".join(lines)
 
@@ -510,22 +513,23 @@ def summary_lines(result: dict) -> list[str]:
         lines.append(f"host overhead: error {h['error']}")
     lines += ragged_twin_lines(result.get("rows", []))
     for row in result.get("rows", []):
-        for who in ("ours", "flashinfer"):
+        for who in ("ours", "flashmla", "flashinfer"):
             r = row.get(who) or {}
-            if r.get("error") or r.get("na"):
+            if r.get("error") or (r.get("na") and not r["na"].startswith(("--no-", "no FlashMLA library"))):
                 lines.append(f"note: {row['name']}: {who} {'n/a: ' + r['na'] if r.get('na') else 'error: ' + r['error']}")
-        chk = row.get("check") or {}
-        if chk.get("suspect"):
-            other = chk.get("against", "FlashInfer")
-            lines.append(f"note: {row['name']}: ours and {other} differ: max |diff| {chk['max_abs_diff']:.3g} "
-                         f"(max |out| {chk['max_abs_out']:.3g})")
-        elif chk.get("error"):
-            lines.append(f"note: {row['name']}: check failed: {chk['error']}")
+        for key, default in (("check", "FlashInfer"), ("check_flashmla", "FlashMLA")):
+            chk = row.get(key) or {}
+            if chk.get("suspect"):
+                lines.append(f"note: {row['name']}: ours and {chk.get('against', default)} differ: max |diff| "
+                             f"{chk['max_abs_diff']:.3g} (max |out| {chk['max_abs_out']:.3g})")
+            elif chk.get("error"):
+                lines.append(f"note: {row['name']}: check failed: {chk['error']}")
     return lines
 
 
 def write_plot(result: dict, path: Path) -> Optional[Path]:
-    """Bar chart of % of roofline per shape, ours beside FlashInfer's. None when matplotlib is missing."""
+    """Bar chart of % of roofline per shape, ours beside FlashMLA's (when it ran) and FlashInfer's.
+    None when matplotlib is missing."""
     try:
         import matplotlib
 
@@ -535,18 +539,19 @@ def write_plot(result: dict, path: Path) -> Optional[Path]:
         return None
     rows = result.get("rows", [])
     names = [r["name"] for r in rows]
-    ours = [((r.get("ours") or {}).get("pct_roofline") or 0.0) for r in rows]
-    fi = [((r.get("flashinfer") or {}).get("pct_roofline") or 0.0) for r in rows]
+    pct = lambda r, who: (r.get(who) or {}).get("pct_roofline") or 0.0  # noqa: E731
+    series = [("ours", "jit_mla", "#1f77b4"), ("flashinfer", "FlashInfer fa3", "#ff7f0e")]
+    if any(pct(r, "flashmla") for r in rows):  # a run without the FlashMLA library keeps two bars
+        series.insert(1, ("flashmla", "FlashMLA", "#2ca02c"))
     x = range(len(rows))
-    w = 0.4
+    w = 0.8 / len(series)
     fig, ax = plt.subplots(figsize=(max(8.0, 0.75 * len(rows) + 2), 5.0))
-    ax.bar([i - w / 2 for i in x], ours, w, label="jit_mla", color="#1f77b4")
-    ax.bar([i + w / 2 for i in x], fi, w, label="FlashInfer fa3", color="#ff7f0e")
-    for i, r in enumerate(rows):
-        if not (r.get("flashinfer") or {}).get("pct_roofline"):
-            ax.text(i + w / 2, 1.0, "n/a", ha="center", va="bottom", fontsize=7, rotation=90)
-        if not (r.get("ours") or {}).get("pct_roofline"):
-            ax.text(i - w / 2, 1.0, "err", ha="center", va="bottom", fontsize=7, rotation=90)
+    for k, (who, label, color) in enumerate(series):
+        at = [i + (k - (len(series) - 1) / 2) * w for i in x]
+        ax.bar(at, [pct(r, who) for r in rows], w, label=label, color=color)
+        for i, r in zip(at, rows):
+            if not pct(r, who):
+                ax.text(i, 1.0, "err" if who == "ours" else "n/a", ha="center", va="bottom", fontsize=7, rotation=90)
     ax.axhline(100.0, color="grey", lw=0.8, ls="--")
     ax.set_xticks(list(x))
     ax.set_xticklabels(names, rotation=35, ha="right", fontsize=8)
@@ -559,7 +564,7 @@ def write_plot(result: dict, path: Path) -> Optional[Path]:
         fontsize=9,
     )
     ax.legend(fontsize=8)
-    ax.set_ylim(0, max([105.0] + [v * 1.1 for v in ours + fi]))
+    ax.set_ylim(0, max([105.0] + [pct(r, who) * 1.1 for r in rows for who, _, _ in series]))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -915,7 +920,8 @@ class Bench:
 
     # ---- one shape ------------------------------------------------------------------------------
 
-    def run_shape(self, row: dict, shape: Shape, fi_mla, fi_ws, fi_reason: Optional[str]) -> None:
+    def run_shape(self, row: dict, shape: Shape, fi_mla, fi_ws, fi_reason: Optional[str],
+                  fm_lib=None, fm_reason: Optional[str] = None) -> None:
         torch = self.torch
         # --replan: an even number of calls per replay, alternating lengths, also across replays
         n_sets = max(2, shape.n_sets + shape.n_sets % 2) if self.replan else shape.n_sets
@@ -930,37 +936,69 @@ class Bench:
             except Exception as e:  # noqa: BLE001 - one shape's failure must not end the run
                 row["ours"] = {"error": f"{type(e).__name__}: {e}"}
             self.free()
-
-            if fi_mla is None:
-                row["flashinfer"] = {"na": fi_reason or "not run"}
-                return
-            if shape.q_fp8:
-                row["flashinfer"] = {"na": "FlashInfer's fa3 MLA takes no e4m3 query"}
-                if "us" in row.get("ours", {}):
-                    row["check"] = self.check_fp8_query(shape, data)
-                return
-            try:
-                fi_calls, fi_outs = self.flashinfer_calls(fi_mla, shape, data, fi_ws)
-            except Exception as e:  # noqa: BLE001 - its planner refusing a shape is a result
-                row["flashinfer"] = {"na": f"plan failed: {type(e).__name__}: {str(e)[:300]}"}
-                return
-            try:
-                t = self.time_graph(fi_calls)
-                row["flashinfer"] = {**perf_fields(row, t["us"], t), **t}
-            except Exception as e:  # noqa: BLE001
-                row["flashinfer"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
-                return
-            if "us" in row.get("ours", {}):
-                row["ratio_fi_over_ours"] = row["flashinfer"]["us"] / row["ours"]["us"]
-                ours0 = data["outs"][0].view(shape.total_q, shape.num_heads, D_V)
-                diff = peak = 0.0
-                for a, b in zip(ours0.split(512), fi_outs[0].split(512)):  # 512 tokens at a time
-                    diff = max(diff, float((a.float() - b.float()).abs().max()))
-                    peak = max(peak, float(a.float().abs().max()))
-                row["check"] = {"max_abs_diff": diff, "max_abs_out": peak, "suspect": diff > 0.02 + 0.02 * peak}
+            self.run_flashmla(row, shape, data, fm_lib, fm_reason)
+            self.free()
+            self.run_flashinfer(row, shape, data, fi_mla, fi_ws, fi_reason)
         finally:
             del data
             self.free()
+
+    def compare(self, shape: Shape, data: dict, other, tol: float) -> dict:
+        """Max |ours - other| over set 0's output, 512 tokens at a time (no large fp32 copy)."""
+        ours0 = data["outs"][0].view(shape.total_q, shape.num_heads, D_V)
+        other = other.view(shape.total_q, shape.num_heads, D_V)
+        diff = peak = 0.0
+        for a, b in zip(ours0.split(512), other.split(512)):
+            diff = max(diff, float((a.float() - b.float()).abs().max()))
+            peak = max(peak, float(a.float().abs().max()))
+        return {"max_abs_diff": diff, "max_abs_out": peak, "suspect": diff > tol + tol * peak}
+
+    def run_flashmla(self, row: dict, shape: Shape, data: dict, fm_lib, fm_reason: Optional[str]) -> None:
+        """FlashMLA's column (flashmla_side.py): bf16 cache, uniform q_len."""
+        import flashmla_side
+
+        if fm_lib is None:
+            row["flashmla"] = {"na": fm_reason or "not run"}
+            return
+        why = flashmla_side.not_applicable(shape)
+        if why:
+            row["flashmla"] = {"na": why}
+            return
+        try:
+            sms = self.torch.cuda.get_device_properties(self.dev).multi_processor_count
+            fm_calls, fm_outs = flashmla_side.calls(fm_lib, shape, data, sms, SM_SCALE)
+            t = self.time_graph(fm_calls)
+            row["flashmla"] = {**perf_fields(row, t["us"], t), **t}
+        except Exception as e:  # noqa: BLE001 - a failure is this row's result, not the run's
+            row["flashmla"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+            return
+        if "us" in row.get("ours", {}):
+            row["ratio_fm_over_ours"] = row["flashmla"]["us"] / row["ours"]["us"]
+            row["check_flashmla"] = {"against": "FlashMLA", **self.compare(shape, data, fm_outs[0], 0.02)}
+
+    def run_flashinfer(self, row: dict, shape: Shape, data: dict, fi_mla, fi_ws, fi_reason: Optional[str]) -> None:
+        if fi_mla is None:
+            row["flashinfer"] = {"na": fi_reason or "not run"}
+            return
+        if shape.q_fp8:
+            row["flashinfer"] = {"na": "FlashInfer's fa3 MLA takes no e4m3 query"}
+            if "us" in row.get("ours", {}):
+                row["check"] = self.check_fp8_query(shape, data)
+            return
+        try:
+            fi_calls, fi_outs = self.flashinfer_calls(fi_mla, shape, data, fi_ws)
+        except Exception as e:  # noqa: BLE001 - its planner refusing a shape is a result
+            row["flashinfer"] = {"na": f"plan failed: {type(e).__name__}: {str(e)[:300]}"}
+            return
+        try:
+            t = self.time_graph(fi_calls)
+            row["flashinfer"] = {**perf_fields(row, t["us"], t), **t}
+        except Exception as e:  # noqa: BLE001
+            row["flashinfer"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+            return
+        if "us" in row.get("ours", {}):
+            row["ratio_fi_over_ours"] = row["flashinfer"]["us"] / row["ours"]["us"]
+            row["check"] = self.compare(shape, data, fi_outs[0], 0.02)
 
 
 def save(result: dict, json_path: Path) -> None:
@@ -1040,6 +1078,15 @@ def run_all(args, shapes: list[Shape], all_shapes: list[Shape], bench: Bench, pr
             result["software"]["flashinfer"] = None
             print(f"# {fi_reason}")
 
+    fm_lib, fm_reason = None, "--no-flashmla"
+    if not args.no_flashmla:
+        import flashmla_side
+
+        fm_lib, fm_info = flashmla_side.load()
+        fm_reason = None if fm_lib is not None else fm_info
+        result["software"]["flashmla"] = fm_info if fm_lib is not None else None
+        print(f"# FlashMLA: {fm_info if fm_lib is not None else 'n/a: ' + fm_info}")
+
     if args.assume_ceilings:
         result["ceilings"] = {**NOMINAL_CEILINGS, "assumed": True}
     else:
@@ -1067,16 +1114,17 @@ def run_all(args, shapes: list[Shape], all_shapes: list[Shape], bench: Bench, pr
         add_roofline(row, result["ceilings"])
         t0 = time.perf_counter()
         try:
-            bench.run_shape(row, s, fi_mla, fi_ws, fi_reason)
+            bench.run_shape(row, s, fi_mla, fi_ws, fi_reason, fm_lib, fm_reason)
         except Exception as e:  # noqa: BLE001 - e.g. out of memory building the data
             row["error"] = f"{type(e).__name__}: {e}"
             row.setdefault("ours", {"error": row["error"]})
             bench.free()
         result["rows"].append(row)
         save(result, json_path)
-        ours, fi = row.get("ours", {}), row.get("flashinfer", {})
+        ours, fi, fm = row.get("ours", {}), row.get("flashinfer", {}), row.get("flashmla", {})
         print(f"# [{row['index']}] {s.name} ({s.describe()}, {s.n_sets} sets, {time.perf_counter() - t0:.1f} s): "
               f"ours {_fmt(ours.get('us'), '.1f')} µs {_fmt(ours.get('pct_roofline'), '.1f')}% | "
+              f"FlashMLA {_fmt(fm.get('us'), '.1f')} µs {_fmt(fm.get('pct_roofline'), '.1f')}% | "
               f"FI {_fmt(fi.get('us'), '.1f')} µs {_fmt(fi.get('pct_roofline'), '.1f')}%"
               + (f" | ours error: {ours['error']}" if ours.get("error") else "")
               + (f" | FI: {fi.get('na') or fi.get('error')}" if (fi.get("na") or fi.get("error")) else ""))
@@ -1108,7 +1156,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                    help="subset: comma-separated indices, names or glob patterns (e.g. 0,3,'spec_*')")
     p.add_argument("--quick", action="store_true", help="fewer replays and ceiling repetitions")
     p.add_argument("--dry-run", action="store_true", help="print the shape table with bytes and FLOPs; no GPU")
-    p.add_argument("--no-flashinfer", action="store_true", help="time ours only")
+    p.add_argument("--no-flashinfer", action="store_true", help="no FlashInfer column")
+    p.add_argument("--no-flashmla", action="store_true",
+                   help="no FlashMLA column (it needs .flashmla/libflashmla_side.so: benchmarks/flashmla/build.sh)")
     p.add_argument("--replan", action="store_true",
                    help="every call plans: consecutive calls on other lengths (no plan reuse; "
                         "a step's first layer); rows then run an even number of calls per replay")

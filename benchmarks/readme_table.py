@@ -3,9 +3,9 @@
     python benchmarks/readme_table.py benchmarks/results/bench_mla-<date>-<commit>.json [--write]
 
 The table's first four columns (B, kv, H, q_len) describe the shapes and stay as written; the
-last three are replaced row by row, in the JSON's row order (its `index`): ours "µs (% of
-roofline)", FlashInfer's likewise (or the row's note when FlashInfer has no such path), and the
-median SM clock "ours / FI". Without --write it prints the new table; with it, it rewrites
+last four are replaced row by row, in the JSON's row order (its `index`): ours "µs (% of
+roofline)", FlashMLA's and FlashInfer's likewise (or a short note where one has no such path),
+and the median SM clock of each that ran, "ours / FM / FI". Without --write it prints the new table; with it, it rewrites
 README.md in place. The prose around the table quotes numbers of the run too: edit those by hand.
 """
 
@@ -18,8 +18,18 @@ import sys
 from pathlib import Path
 
 README = Path(__file__).resolve().parents[1] / "README.md"
-HEADER = "| B | kv | H | q_len | jit_mla µs (%) | FlashInfer fa3 µs (%) | SM MHz (ours / FI) |"
+HEADER = "| B | kv | H | q_len | jit_mla µs (%) | FlashMLA µs (%) | FlashInfer fa3 µs (%) | SM MHz (ours / FM / FI) |"
 NO_FI = "n/a (no e4m3 query)"
+
+
+def no_flashmla(row: dict) -> str:
+    """The FlashMLA cell of a row it did not run: which of its limits, or 'not run'."""
+    na = (row.get("flashmla") or {}).get("na", "")
+    if "bf16" in na:
+        return "n/a (bf16 cache only)"
+    if "q_len" in na:
+        return "n/a (one q_len only)"
+    return "not run"
 
 
 def cell(result: dict | None) -> str | None:
@@ -29,9 +39,11 @@ def cell(result: dict | None) -> str | None:
     return f"{result['us']:.1f} ({result['pct_roofline']:.1f})"
 
 
-def clock(ours: dict, fi: dict | None) -> str:
-    mhz = [r.get("sm_mhz") for r in (ours, fi) if r and r.get("us") is not None]
-    return " / ".join(f"{m:.0f}" if m is not None else "n/a" for m in mhz)
+def clock(*results: dict | None) -> str:
+    """The median SM clock of each kernel, '-' for one that did not run."""
+    ran = [r is not None and r.get("us") is not None for r in results]
+    return " / ".join(("n/a" if r.get("sm_mhz") is None else f"{r['sm_mhz']:.0f}") if ok else "-"
+                      for r, ok in zip(results, ran))
 
 
 def table_rows(lines: list[str]) -> list[int]:
@@ -48,8 +60,10 @@ def new_row(line: str, row: dict) -> str:
     ours = cell(row["ours"])
     if ours is None:
         raise ValueError(f"row {row['index']} ({row['name']}): no result of ours")
+    fm = cell(row.get("flashmla")) or no_flashmla(row)
     fi = cell(row.get("flashinfer")) or NO_FI
-    return "| " + " | ".join(shape + [ours, fi, clock(row["ours"], row.get("flashinfer"))]) + " |"
+    clocks = clock(row["ours"], row.get("flashmla"), row.get("flashinfer"))
+    return "| " + " | ".join(shape + [ours, fm, fi, clocks]) + " |"
 
 
 def render(readme: str, results: dict) -> str:

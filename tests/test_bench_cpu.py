@@ -162,7 +162,8 @@ def test_report_from_json_without_a_gpu(bench, tmp_path, capsys):
     result = {"gpu": {"name": "test"}, "git_commit": "0" * 40, "ceilings": ceilings, "rows": [row]}
     table = bench.markdown_table(result)
     assert table.splitlines()[-1].startswith("| 4 | b64_kv8192_h16_q1 | mem | 200.0 |")
-    assert table.splitlines()[-1].endswith("| n/a | n/a | n/a | n/a / n/a | n/a / n/a |")
+    # FlashMLA and FlashInfer columns: µs, % roof, ratio each; then the clocks and % at clock
+    assert table.splitlines()[-1].endswith("| n/a | n/a | n/a | n/a | n/a | n/a | n/a / n/a / n/a | n/a / n/a / n/a |")
     path = tmp_path / "r.json"
     path.write_text(json.dumps(result))
     assert bench.main(["--replot", str(path), "--out-dir", str(tmp_path)]) == 0
@@ -320,3 +321,19 @@ def test_fp8_rows_count_one_byte_per_kv_element(bench):
     assert fp8.q_bytes == bf16.q_bytes and fp8.out_bytes == bf16.out_bytes
     assert fp8.flops == bf16.flops
     assert fp8.kv_bytes_per_set * 2 == bf16.kv_bytes_per_set
+
+
+def test_flashmla_column_without_its_library(bench, monkeypatch, tmp_path):
+    side = load_benchmark("flashmla_side")
+    monkeypatch.setenv("JIT_MLA_FLASHMLA_LIB", str(tmp_path / "absent.so"))
+    lib, why = side.load()
+    assert lib is None and "absent.so" in why and "build.sh" in why
+    # its dense decode: bf16 cache, one q_len for all requests; mixed KV lengths are fine
+    assert side.not_applicable(_by_name(bench, "b128_kv4096_h128_q2")) is None
+    assert side.not_applicable(_by_name(bench, "mixed_b64_kv1k_16k_h16")) is None
+    assert "q_len" in side.not_applicable(_by_name(bench, "spec_b64_q1to4_kv4096_h128"))
+    assert "bf16" in side.not_applicable(_by_name(bench, "b64_kv8192_h16_q1_fp8"))
+    # CTAs per 64-row tile: 132 SMs over 2 tiles at H 128, 1 tile at H 16 (q_len 4: 64 rows)
+    assert side.num_sm_parts(132, 1, 128) == 66
+    assert side.num_sm_parts(132, 4, 16) == 132
+    assert side.num_sm_parts(132, 2, 128) == 33
