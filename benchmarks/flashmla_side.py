@@ -3,8 +3,9 @@
 The library is FlashMLA's own kernels behind a small C entry point (`flashmla/glue.cu`), built
 here by `bash benchmarks/flashmla/build.sh FLASHMLA_DIR` into `.flashmla/libflashmla_side.so`
 (or named by JIT_MLA_FLASHMLA_LIB) and carried to the GPU machine. Without it the column reads
-n/a. FlashMLA takes a bf16 cache with 64-token pages and one q_len for every request: fp8 and
-ragged rows are n/a too.
+n/a. FlashMLA takes a bf16 cache with 64-token pages and one q_len for every request: fp8 rows
+and the ragged spec-decode rows are n/a too (the prefill row, 4 requests of 2048 tokens, runs: its
+[total_q, H, 576] query is the [B, q_len, H, 576] one FlashMLA reads).
 
 Its schedule (get_decoding_sched_meta) runs once per shape outside the timed calls, as
 FlashMLA's own benchmark and the engines do (once per decode step, shared by every layer); the
@@ -49,7 +50,7 @@ def not_applicable(shape) -> Optional[str]:
     """Why FlashMLA's dense decode cannot run this row, or None."""
     if shape.kv_fp8:
         return "FlashMLA's dense sm90 decode takes a bf16 cache only"
-    if shape.ragged or len(set(shape.q_lens)) != 1:
+    if len(set(shape.q_lens)) != 1:  # a ragged row with one q_len (the prefill) is a plain view
         return "FlashMLA takes one q_len for every request"
     return None
 
@@ -83,7 +84,7 @@ def calls(lib: ctypes.CDLL, shape, data: dict, sm_count: int, scale: float) -> t
     outs = []
 
     def make(i: int) -> Callable[[], object]:
-        q = data["queries"][i]                                                        # [B, s_q, H, 576]
+        q = data["queries"][i]                             # [B, s_q, H, 576] (or [B * s_q, H, 576])
         kv = data["slabs"][i]                                                         # [pages, 64, 576]
         assert q.is_contiguous() and kv.stride(1) == D_QK and kv.shape[1] == PAGE
         out = torch.empty((B, s_q, H, D_V), dtype=torch.bfloat16, device=dev)

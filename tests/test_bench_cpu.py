@@ -331,6 +331,7 @@ def test_flashmla_column_without_its_library(bench, monkeypatch, tmp_path):
     # its dense decode: bf16 cache, one q_len for all requests; mixed KV lengths are fine
     assert side.not_applicable(_by_name(bench, "b128_kv4096_h128_q2")) is None
     assert side.not_applicable(_by_name(bench, "mixed_b64_kv1k_16k_h16")) is None
+    assert side.not_applicable(_by_name(bench, "prefill_4x2048_kv8192_h128")) is None  # one q_len
     assert "q_len" in side.not_applicable(_by_name(bench, "spec_b64_q1to4_kv4096_h128"))
     assert "bf16" in side.not_applicable(_by_name(bench, "b64_kv8192_h16_q1_fp8"))
     # CTAs per 64-row tile: 132 SMs over 2 tiles at H 128, 1 tile at H 16 (q_len 4: 64 rows)
