@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""MLA attention benchmark: jit_mla beside FlashInfer's Hopper MLA, against ceilings of this card.
+"""MLA attention benchmark: jit_mla beside FlashMLA's and FlashInfer's Hopper MLA, against this card's ceilings.
 
 One run measures, on the same GPU and in this order:
 
@@ -8,8 +8,10 @@ One run measures, on the same GPU and in this order:
    read) and the bf16 matmul rate (8192^3, N(0, 1) data, not zeros);
 2. the host overhead of one eager call of our Python wrapper + TVM-FFI launch (and of the
    launcher call alone, and of FlashInfer's ``run()``), on a one-page shape;
-3. every shape of the table below, ours and FlashInfer's ``BatchMLAPagedAttentionWrapper(...,
-   backend="fa3")`` on the same data, each timed with CUDA graphs.
+3. every shape of the table below, ours, FlashMLA's sm90 dense decode (``flashmla_side.py``: its
+   own kernels built from source by ``flashmla/build.sh``; bf16 cache and one q_len per batch)
+   and FlashInfer's ``BatchMLAPagedAttentionWrapper(..., backend="fa3")`` on the same data, each
+   timed with CUDA graphs. A column whose library is missing reads n/a.
 
 Timing. For each shape the KV pool holds ``n_sets`` disjoint page sets (slabs), each with its own
 query and output, so one graph replay streams at least 512 MiB of KV (more than L2 can flatter).
@@ -34,7 +36,9 @@ causal mask, chunked prefill's visible work is about 12% smaller (``flops_visibl
 FlashInfer semantics checked in its 0.7.2.post1 sources: the fa3 kernel masks ``kv_idx + qo_len >
 kv_len + q_idx`` (mla_hopper.cuh), i.e. bottom-right causal, the same as ours, so multi-token
 shapes are planned with ``causal=True``. Its plan needs host-side lengths and runs outside the
-graph; a shape its planner refuses is shown as n/a with the reason.
+graph; a shape its planner refuses is shown as n/a with the reason. FlashMLA's schedule
+(get_decoding_sched_meta) likewise runs once per shape outside the graph, as in its own benchmark;
+its causal mask for q_len > 1 is the same bottom-right one.
 
 Usage:
     python benchmarks/bench_mla.py                    # everything; JSON + PNG in benchmarks/results
