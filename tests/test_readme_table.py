@@ -37,3 +37,20 @@ def test_row_count_mismatch_is_refused(table):
     results["rows"] = results["rows"][:-1]
     with pytest.raises(ValueError, match="README table"):
         table.render(readme, results)
+
+
+def test_rows_without_a_competitor(table):
+    # FlashMLA's n/a reasons map to short cells; a kernel that did not run shows "-" as its clock
+    ours = {"us": 10.0, "pct_roofline": 50.0, "sm_mhz": 1980.0}
+    row = {"index": 0, "name": "b64_kv8192_h16_q1_fp8", "ours": ours,
+           "flashmla": {"na": "FlashMLA's dense sm90 decode takes a bf16 cache only"},
+           "flashinfer": {"us": 20.0, "pct_roofline": 25.0, "sm_mhz": 1965.0}}
+    line = table.new_row("| 64 | 8192 | 16 | 1, fp8 KV | x | x | x | x |", row)
+    assert line == "| 64 | 8192 | 16 | 1, fp8 KV | 10.0 (50.0) | n/a (bf16 cache only) | 20.0 (25.0) | 1980 / - / 1965 |"
+    row = {"index": 0, "name": "spec_b64_q1to4_kv4096_h128", "ours": ours,
+           "flashmla": {"na": "FlashMLA takes one q_len for every request"},
+           "flashinfer": {"us": 20.0, "pct_roofline": 25.0, "sm_mhz": None}}
+    line = table.new_row("| 64 | 4096 | 128 | 1..4 ragged | x | x | x | x |", row)
+    assert line.endswith("| n/a (one q_len only) | 20.0 (25.0) | 1980 / - / n/a |")
+    row = {"index": 0, "name": "b1_kv8192_h16_q1", "ours": ours}  # a run without the library
+    assert "| not run |" in table.new_row("| 1 | 8192 | 16 | 1 | x | x | x | x |", row)
