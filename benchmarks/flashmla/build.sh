@@ -2,7 +2,8 @@
 # Builds libflashmla_side.so: FlashMLA's sm90 dense bf16 decode (its split-KV kernel, combine and
 # scheduler, from a FlashMLA checkout) behind our C entry points (glue.cu), for the benchmark's
 # FlashMLA column. Benchmark-only: jit_mla never loads it. Build here (nvcc, no GPU needed) and
-# carry the .so to the H200; side.py finds it through JIT_MLA_FLASHMLA_LIB or .flashmla/.
+# carry the .so to the H200; benchmarks/flashmla_side.py finds it through JIT_MLA_FLASHMLA_LIB or
+# .flashmla/.
 #
 #   bash benchmarks/flashmla/build.sh FLASHMLA_DIR [OUT_DIR]     # OUT_DIR defaults to .flashmla
 #
