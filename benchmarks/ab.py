@@ -10,8 +10,9 @@ The device tool carries at most 64 MiB (the checkout, .gpu-wheels and .ab togeth
 tree holds a ~12 MB cubin: `pack` compresses them ~8x (one xz archive; `run` unpacks it there).
 
 On the H200 (after `source .gpu-wheels/activate.sh`), main (this checkout) and each variant in
-turn, `--rounds` times, with `bench_mla.py --quick --no-flashinfer --no-flashmla --assume-ceilings`; then a
-table of the medians per shape and the ratio variant / main (< 1: the variant is faster).
+turn, `--rounds` times, with `bench_mla.py --quick --no-flashinfer --no-flashmla
+--assume-ceilings`; then a table of the medians per shape and the ratio variant / main (< 1: the
+variant is faster).
 `--suite` first runs the GPU test suite on each variant (a variant that fails is reported and
 not timed):
 
@@ -95,8 +96,8 @@ def _env(tree: Path, cache: str) -> dict:
 def bench_once(tree: Path, cache: str, shapes: str, out_dir: str, replan: bool = False) -> dict[str, float]:
     """µs per shape name of one quick benchmark run of `tree` (`replan`: bench_mla.py --replan,
     every call on other lengths than the one before it; its names end in " replan")."""
-    cmd = [sys.executable, "benchmarks/bench_mla.py", "--quick", "--no-flashinfer", "--no-flashmla", "--assume-ceilings",
-           "--out-dir", out_dir]
+    cmd = [sys.executable, "benchmarks/bench_mla.py", "--quick", "--no-flashinfer", "--no-flashmla",
+           "--assume-ceilings", "--out-dir", out_dir]
     if shapes:
         cmd += ["--shapes", shapes]
     if replan:

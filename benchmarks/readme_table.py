@@ -5,8 +5,9 @@
 The table's first four columns (B, kv, H, q_len) describe the shapes and stay as written; the
 last four are replaced row by row, in the JSON's row order (its `index`): ours "µs (% of
 roofline)", FlashMLA's and FlashInfer's likewise (or a short note where one has no such path),
-and the median SM clock of each that ran, "ours / FM / FI". Without --write it prints the new table; with it, it rewrites
-README.md in place. The prose around the table quotes numbers of the run too: edit those by hand.
+and the median SM clock of each that ran, "ours / FM / FI". Without --write it prints the new
+table; with it, it rewrites README.md in place. The prose around the table quotes numbers of the
+run too: edit those by hand.
 """
 
 from __future__ import annotations
