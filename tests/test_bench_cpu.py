@@ -104,7 +104,7 @@ def test_visible_flops_follow_the_bottom_right_causal_mask(bench):
 
 def test_table_and_calls_per_replay(bench):
     shapes = bench.shape_table()
-    assert len(shapes) == 52 and len({s.name for s in shapes}) == 52
+    assert len(shapes) == 55 and len({s.name for s in shapes}) == 55
     spec = _by_name(bench, "spec_b64_q1to4_kv4096_h128")
     assert spec.ragged and spec.batch == 64 and set(spec.q_lens) <= {1, 2, 3, 4} and len(set(spec.q_lens)) > 1
     for ragged, twin in bench.RAGGED_TWINS:  # the uniform twin has as many tokens, same kv and H
@@ -136,7 +136,7 @@ def test_shape_selection(bench):
     with pytest.raises(ValueError, match="matches no shape"):
         bench.select_shapes(shapes, "nope")
     with pytest.raises(ValueError, match="out of range"):
-        bench.select_shapes(shapes, "52")
+        bench.select_shapes(shapes, "55")
 
 
 def test_dry_run_prints_the_table_without_a_gpu():
