@@ -262,18 +262,20 @@ int64_t workspace_size(int64_t batch, int64_t total_q, int64_t num_heads, int64_
 // up, to raise their limits and to launch them.
 // kSeesaw: TMA + seesaw (page sizes 8..64 dividing 64, or multiples of 64); kAnyPage: cp.async
 // loads, any page size (1 included). Both merge their splits themselves (common/combine.cuh): one
-// launch per call. kNarrow16/32: TMA pages, transposed tiles for units of 16/32 rows; their _fp8
-// twins read a float8_e4m3fn cache (kept fp8 in shared memory: QK^T and PV on e4m3 wgmmas), the
-// _fp8_any ones load it by cp.async for the page sizes TMA does not fit; the _fp8q ones take an
-// e4m3 query too (both matmuls on e4m3 wgmmas). The narrow ids are laid out so that kNarrow16 +
-// kNarrowFp8 (+ kNarrowFp8Any) (+ kNarrowFp8Q) + (32 rows) picks one. kWideFp8Q: e4m3 query and
+// launch per call. kNarrow16: TMA pages, bf16, transposed tiles for units of 16 rows. The
+// kNarrow{16,32}Fp8 kernels read a float8_e4m3fn cache in units of 16 / 32 rows (kept fp8 in shared
+// memory: QK^T and PV on e4m3 wgmmas), the _fp8_any ones load it by cp.async for the page sizes TMA
+// does not fit; the _fp8q ones take an e4m3 query too (both matmuls on e4m3 wgmmas). The fp8
+// narrow ids are laid out so that kNarrow16Fp8 (+ kNarrowFp8Any) (+ kNarrowFp8Q) + (32 rows) picks
+// one. (A bf16 32-row narrow kernel ran 1.3-7.4% slower than the 64-row seesaw at 32 rows from
+// B1 to B128, Session 44: bf16 requests of 17-32 rows run there.) kWideFp8Q: e4m3 query and
 // cache, TMA pages, 64-row units (requests of more than 32 rows); kWideFp8: the same with a bf16
 // query (Q and P as hi + lo e4m3 rows). kSeesawReread: kSeesaw with the KV at L2's normal
 // priority, for a request with more rows than the grid holds at once (rows_hint > CTAs x 64).
 // kSeesawShort: kSeesaw without its steady pair body, for calls with few KV blocks per CTA.
 enum KernelId : int {
   kSeesaw, kAnyPage,
-  kNarrow16, kNarrow32, kNarrow16Fp8, kNarrow32Fp8, kNarrow16Fp8Any, kNarrow32Fp8Any,
+  kNarrow16, kNarrow16Fp8, kNarrow32Fp8, kNarrow16Fp8Any, kNarrow32Fp8Any,
   kNarrow16Fp8Q, kNarrow32Fp8Q, kNarrow16Fp8QAny, kNarrow32Fp8QAny,
   kWideFp8Q, kWideFp8, kSeesawReread, kSeesawShort,
   kNumKernels,
@@ -282,8 +284,7 @@ enum KernelId : int {
 // blocks per CTA) 4.5% faster, B1 kv65536 H128 (~16) 0.5% faster, B32 kv4096 H128 (~31) 0.5%
 // slower, B128 kv4096 H128 5% slower (same-run A/B, Session 22).
 constexpr int kShortBlocksPerCta = 16;
-constexpr int kNarrowFp8 = kNarrow16Fp8 - kNarrow16, kNarrowFp8Any = kNarrow16Fp8Any - kNarrow16Fp8,
-              kNarrowFp8Q = kNarrow16Fp8Q - kNarrow16Fp8;
+constexpr int kNarrowFp8Any = kNarrow16Fp8Any - kNarrow16Fp8, kNarrowFp8Q = kNarrow16Fp8Q - kNarrow16Fp8;
 struct KernelInfo {
   const char* name;
   int smem;  // dynamic shared memory bytes
@@ -292,7 +293,6 @@ const KernelInfo kKernelInfo[kNumKernels] = {
     {"mla_sm90_attention", sm90::kSeesawSmemBytes},
     {"mla_sm90_attention_any_page", sm90::kAttentionSmemBytes},
     {"mla_sm90_attention_narrow16", sm90::narrow_smem_bytes<16>()},
-    {"mla_sm90_attention_narrow32", sm90::narrow_smem_bytes<32>()},
     {"mla_sm90_attention_narrow16_fp8", sm90::narrow_fp8_smem_bytes<16>()},
     {"mla_sm90_attention_narrow32_fp8", sm90::narrow_fp8_smem_bytes<32>()},
     {"mla_sm90_attention_narrow16_fp8_any", sm90::narrow_fp8_smem_bytes<16>()},
@@ -659,9 +659,10 @@ void run_attention(TensorView out, Optional<TensorView> lse, TensorView query, T
   // The kernel family. rows_hint: a request's rows, q_len * H, or max_q_len * H for a ragged
   // query (0: max_q_len not given). Only the choice depends on it: the device cuts every request
   // into units of the chosen kernel's rows, so a wrong max_q_len costs speed, never correctness.
-  // - bf16: the narrow kernels (transposed tiles, units of 16 / 32 rows, tensor work not padded
-  //   to 64 rows) when a request has at most 32 rows and TMA fits the pages; else the 64-row
-  //   kernels (TMA or cp.async).
+  // - bf16: the narrow kernel (transposed tiles, units of 16 rows, tensor work not padded to 64
+  //   rows) when a request has at most 16 rows and TMA fits the pages; else the 64-row kernels
+  //   (TMA or cp.async). At 17-32 rows the 64-row seesaw streams faster than a 32-row narrow
+  //   kernel did (Session 44: B1-B128 H16 MTP 2, 1.3-7.4%).
   // - fp8 cache, TMA pages, more than 32 rows (H 64 / 128, MTP, ragged): the wide fp8 kernels
   //   (64-row units, transposed tiles; e4m3 or bf16 query).
   // - fp8 otherwise: the narrow kernels (cp.async where TMA does not fit); a request of more than
@@ -671,8 +672,9 @@ void run_attention(TensorView out, Optional<TensorView> lse, TensorView query, T
       (cum_seq_lens_q.has_value() ? std::min<int64_t>(max_q_len, total_q) : q_len) * num_heads;
   const bool use_tma = tma_page_size(page_size);
   const bool wide_fp8 = kv_fp8 && use_tma && rows_hint > 32;
-  const bool narrow = !wide_fp8 && (kv_fp8 || (use_tma && rows_hint >= 1 && rows_hint <= 32));
-  const int unit_rows_log2 = !narrow ? 6 : rows_hint >= 1 && rows_hint <= 16 ? 4 : 5;  // 64, 16, 32 rows
+  const bool narrow = !wide_fp8 && (kv_fp8 || (use_tma && rows_hint >= 1 && rows_hint <= 16));
+  // 64, 16, 32 rows (32 only with an fp8 cache: a bf16 narrow call has at most 16)
+  const int unit_rows_log2 = !narrow ? 6 : rows_hint >= 1 && rows_hint <= 16 ? 4 : 5;
   // The kernels load kv_cache and query rows in 16-byte pieces and the split merge stores out in
   // 16-byte ones (8 bf16 per lane): a view that starts off those boundaries would fault
   // (misaligned address, a sticky error).
@@ -794,8 +796,9 @@ void run_attention(TensorView out, Optional<TensorView> lse, TensorView query, T
   };
   const int id = wide_fp8 ? (q_fp8 ? kWideFp8Q : kWideFp8)
                  : !narrow ? (use_tma ? seesaw_kernel() : kAnyPage)
-                         : (unit_rows_log2 == 4 ? kNarrow16 : kNarrow32) +
-                               (kv_fp8 ? kNarrowFp8 + (use_tma ? 0 : kNarrowFp8Any) + (q_fp8 ? kNarrowFp8Q : 0) : 0);
+                 : !kv_fp8 ? kNarrow16
+                           : kNarrow16Fp8 + (unit_rows_log2 == 4 ? 0 : 1) + (use_tma ? 0 : kNarrowFp8Any) +
+                                 (q_fp8 ? kNarrowFp8Q : 0);
   MLA_CHECK(!(unfit >> id & 1u), RuntimeError)
       << kKernelInfo[id].name << " needs all " << kKernelInfo[id].smem
       << " bytes of shared memory as dynamic shared memory, and raising its limit failed on this "

@@ -112,7 +112,8 @@ def attention_kernel(page_size: int, rows_per_request: int = 64, fp8: bool = Fal
     """The kernel a call launches (it plans, attends and merges splits): csrc/launcher.cu's rule.
     rows_per_request: q_len * H of a uniform call, max_q_len * H of a ragged one (0: max_q_len
     not given); fp8: a float8_e4m3fn cache; fp8_query: an e4m3 query too (implies fp8). An fp8
-    cache with more than 32 rows and TMA pages runs on the wide kernels, else the narrow ones.
+    cache with more than 32 rows and TMA pages runs on the wide kernels, else the narrow ones; a
+    bf16 one on the narrow kernel only for 1-16 rows with TMA pages.
     ctas: the grid (the SMs, 132 on an H200); a bf16 request with more rows than ctas x 64 (a
     chunked prefill) runs the seesaw's _reread twin. batch: the batch size (0: unknown, as for the
     report); kv_len: the KV length the launcher assumes, max_seq_len when > 0 and at most
@@ -124,8 +125,7 @@ def attention_kernel(page_size: int, rows_per_request: int = 64, fp8: bool = Fal
             return "mla_sm90_attention_wide_fp8q (TMA, 64-row units, transposed tiles, e4m3 QK^T and PV, P in e4m3)"
         return ("mla_sm90_attention_wide_fp8 (TMA, 64-row units, transposed tiles, e4m3 QK^T and PV, "
                 "Q and P as hi + lo)")
-    small = 1 <= rows_per_request <= 32
-    narrow = fp8 or (small and tma_page_size(page_size))
+    narrow = fp8 or (1 <= rows_per_request <= 16 and tma_page_size(page_size))
     loads = "TMA" if tma_page_size(page_size) else "cp.async"
     any_page = "" if tma_page_size(page_size) else "_any"
     if fp8_query:
@@ -184,9 +184,10 @@ def _next_call_report() -> str:
             lines.append(f"  cubin:    no kernels for {arch} (jit_mla has {', '.join(sorted(cubins.KERNEL_SOURCES))})")
     lines.append(
         f"  kernels:  {attention_kernel(64)} for page sizes 8, 16, 32, 64 or multiples "
-        f"of 64 (else {attention_kernel(24)}), narrow16/32 for q_len * H <= 16/32 "
-        f"with those pages; a float8_e4m3fn cache on the narrow kernels' _fp8 twins "
-        f"(_fp8_any by cp.async for the other pages, more than 32 rows there as 32-row units; "
+        f"of 64 (else {attention_kernel(24)}), narrow16 for q_len * H <= 16 "
+        f"with those pages; a float8_e4m3fn cache on mla_sm90_attention_narrow16/32_fp8 for "
+        f"q_len * H <= 16 / more (_fp8_any by cp.async for the other pages, more than 32 rows "
+        f"there as 32-row units; "
         f"_fp8q with an e4m3 query), and for more than 32 rows with TMA pages on "
         f"mla_sm90_attention_wide_fp8 / _fp8q (64-row units); a bf16 request with more rows "
         f"than the grid holds at once (chunked prefill) with TMA pages on "

@@ -93,7 +93,7 @@ KERNEL_SOURCES: dict[str, KernelSource] = {
     "sm_90a": KernelSource(
         "sm90/mla_sm90.cu",
         ("mla_sm90_attention", "mla_sm90_attention_any_page", "mla_sm90_attention_narrow16",
-         "mla_sm90_attention_narrow32", "mla_sm90_attention_narrow16_fp8",
+         "mla_sm90_attention_narrow16_fp8",
          "mla_sm90_attention_narrow32_fp8", "mla_sm90_attention_narrow16_fp8_any",
          "mla_sm90_attention_narrow32_fp8_any", "mla_sm90_attention_narrow16_fp8q",
          "mla_sm90_attention_narrow32_fp8q", "mla_sm90_attention_narrow16_fp8q_any",

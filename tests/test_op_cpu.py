@@ -361,7 +361,10 @@ def test_kernel_choice_follows_the_launchers_page_size_rule():
     for page in (1, 2, 4, 24, 48, 100, 96):
         assert cli.attention_kernel(page) == "mla_sm90_attention_any_page (cp.async)", page
     assert cli.attention_kernel(64, 16) == "mla_sm90_attention_narrow16 (TMA, transposed tiles)"
-    assert cli.attention_kernel(32, 32) == "mla_sm90_attention_narrow32 (TMA, transposed tiles)"
+    # bf16 at 17-32 rows (H16 MTP 2): the 64-row seesaw, faster there than a 32-row narrow kernel
+    assert cli.attention_kernel(32, 32) == "mla_sm90_attention (TMA)"
+    assert cli.attention_kernel(64, 17) == "mla_sm90_attention (TMA)"
+    assert cli.attention_kernel(64, 32, batch=8, kv_len=4096).startswith("mla_sm90_attention_short (TMA")
     assert cli.attention_kernel(64, 33) == "mla_sm90_attention (TMA)"
     assert cli.attention_kernel(64, 0) == "mla_sm90_attention (TMA)"  # ragged, no max_q_len
     assert cli.attention_kernel(24, 16) == "mla_sm90_attention_any_page (cp.async)"

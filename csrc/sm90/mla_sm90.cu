@@ -69,7 +69,6 @@ MLA_ATTENTION_KERNEL(mla_sm90_attention_reread, jit_mla::sm90::attention_seesaw<
 MLA_ATTENTION_KERNEL(mla_sm90_attention_short, jit_mla::sm90::attention_seesaw<false, false>)
 MLA_ATTENTION_KERNEL(mla_sm90_attention_any_page, jit_mla::sm90::attention_any_page)
 MLA_ATTENTION_KERNEL(mla_sm90_attention_narrow16, jit_mla::sm90::attention_narrow<16>)
-MLA_ATTENTION_KERNEL(mla_sm90_attention_narrow32, jit_mla::sm90::attention_narrow<32>)
 // fp8 (e4m3) KV cache, bf16 query: the narrow kernel with the cache fp8 in shared memory; by TMA
 // (the TMA page sizes), or by cp.async (_any: every other page size).
 MLA_ATTENTION_KERNEL(mla_sm90_attention_narrow16_fp8, jit_mla::sm90::attention_narrow_fp8<16, true, false>)

@@ -51,7 +51,7 @@ template <int kN>
 constexpr int narrow_smem_bytes() {
   return (int)sizeof(NarrowSmem<kN>) + 1024;  // + re-alignment of the dynamic smem base to 1 KiB
 }
-static_assert(narrow_smem_bytes<32>() + 128 <= 227 * 1024, "shared memory over the sm_90 per-block limit");
+static_assert(narrow_smem_bytes<16>() + 128 <= 227 * 1024, "shared memory over the sm_90 per-block limit");
 
 // The fp8 narrow kernel (attention_narrow_fp8.cuh): KV blocks stay fp8 in shared memory (9
 // boxes of (64 tokens, 64) e4m3 in the 64B swizzle, 36 KiB; K read by fp8 wgmmas from there, V
