@@ -267,8 +267,8 @@ int64_t workspace_size(int64_t batch, int64_t total_q, int64_t num_heads, int64_
 // memory: QK^T and PV on e4m3 wgmmas), the _fp8_any ones load it by cp.async for the page sizes TMA
 // does not fit; the _fp8q ones take an e4m3 query too (both matmuls on e4m3 wgmmas). The fp8
 // narrow ids are laid out so that kNarrow16Fp8 (+ kNarrowFp8Any) (+ kNarrowFp8Q) + (32 rows) picks
-// one. (A bf16 32-row narrow kernel ran 1.3-7.4% slower than the 64-row seesaw at 32 rows from
-// B1 to B128, Session 44: bf16 requests of 17-32 rows run there.) kWideFp8Q: e4m3 query and
+// one. (A bf16 32-row narrow kernel took 1-9% longer than the 64-row seesaw at 32 rows from B1
+// to B128, Session 44: bf16 requests of 17-32 rows run there.) kWideFp8Q: e4m3 query and
 // cache, TMA pages, 64-row units (requests of more than 32 rows); kWideFp8: the same with a bf16
 // query (Q and P as hi + lo e4m3 rows). kSeesawReread: kSeesaw with the KV at L2's normal
 // priority, for a request with more rows than the grid holds at once (rows_hint > CTAs x 64).
@@ -662,7 +662,7 @@ void run_attention(TensorView out, Optional<TensorView> lse, TensorView query, T
   // - bf16: the narrow kernel (transposed tiles, units of 16 rows, tensor work not padded to 64
   //   rows) when a request has at most 16 rows and TMA fits the pages; else the 64-row kernels
   //   (TMA or cp.async). At 17-32 rows the 64-row seesaw streams faster than a 32-row narrow
-  //   kernel did (Session 44: B1-B128 H16 MTP 2, 1.3-7.4%).
+  //   kernel did (Session 44: B1-B128 H16 MTP 2, 1-9% less time).
   // - fp8 cache, TMA pages, more than 32 rows (H 64 / 128, MTP, ragged): the wide fp8 kernels
   //   (64-row units, transposed tiles; e4m3 or bf16 query).
   // - fp8 otherwise: the narrow kernels (cp.async where TMA does not fit); a request of more than

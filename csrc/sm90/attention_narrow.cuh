@@ -1,9 +1,9 @@
 // Split-KV MLA attention for sm_90a when a unit has few rows (query tokens x heads <= kN; built
 // for kN = 16: TP8 decode with 16 heads). The 64-row kernels pad such a unit to 64 rows, so their
-// tensor cores do 4x the work. (kN = 32, for MTP 2 with 16 heads or 32 heads, ran 1.3-7.4% slower
+// tensor cores do 4x the work. (kN = 32, for MTP 2 with 16 heads or 32 heads, took 1-9% longer
 // than the 64-row seesaw from B1 to B128 and was dropped in Session 44; the fp8 kernels keep
-// their 32-row units.) Here the tiles are transposed, so M = 64 runs over KV tokens or V columns and N = kN
-// over the rows:
+// their 32-row units.) Here the tiles are transposed, so M = 64 runs over KV tokens or V
+// columns and N = kN over the rows:
 //   S^T = K Q^T          (64 tokens x kN)  m64nNk16 x 36, A = the KV tile (K-major), B = Q
 //   softmax over tokens  per column (a Q row): across the 4 warps through shared memory
 //   O^T += V^T P^T       (512 x kN)        m64nNk16 x 8 tiles x 4, A = V^T (the KV tile read
