@@ -20,7 +20,6 @@ from pathlib import Path
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 HEADER = "| B | kv | H | q_len | jit_mla µs (%) | FlashMLA µs (%) | FlashInfer fa3 µs (%) | SM MHz (ours / FM / FI) |"
-NO_FI = "n/a (no e4m3 query)"
 
 
 def no_flashmla(row: dict) -> str:
@@ -30,6 +29,16 @@ def no_flashmla(row: dict) -> str:
         return "n/a (bf16 cache only)"
     if "q_len" in na:
         return "n/a (one q_len only)"
+    return "not run"
+
+
+def no_flashinfer(row: dict) -> str:
+    """The FlashInfer cell of a row it did not time: no e4m3 query path, a failure, or 'not run'."""
+    fi = row.get("flashinfer") or {}
+    if "e4m3 query" in fi.get("na", ""):
+        return "n/a (no e4m3 query)"
+    if fi.get("error") or "failed" in fi.get("na", ""):
+        return "failed (see the JSON)"
     return "not run"
 
 
@@ -62,7 +71,7 @@ def new_row(line: str, row: dict) -> str:
     if ours is None:
         raise ValueError(f"row {row['index']} ({row['name']}): no result of ours")
     fm = cell(row.get("flashmla")) or no_flashmla(row)
-    fi = cell(row.get("flashinfer")) or NO_FI
+    fi = cell(row.get("flashinfer")) or no_flashinfer(row)
     clocks = clock(row["ours"], row.get("flashmla"), row.get("flashinfer"))
     return "| " + " | ".join(shape + [ours, fm, fi, clocks]) + " |"
 

@@ -54,3 +54,15 @@ def test_rows_without_a_competitor(table):
     assert line.endswith("| n/a (one q_len only) | 20.0 (25.0) | 1980 / - / n/a |")
     row = {"index": 0, "name": "b1_kv8192_h16_q1", "ours": ours}  # a run without the library
     assert "| not run |" in table.new_row("| 1 | 8192 | 16 | 1 | x | x | x | x |", row)
+
+
+def test_flashinfer_cells_say_why(table):
+    # only an e4m3-query row is "no e4m3 query"; a failed plan or a run without FlashInfer says so
+    ours = {"us": 10.0, "pct_roofline": 50.0, "sm_mhz": 1980.0}
+    cells = {}
+    for fi in ({"na": "FlashInfer's fa3 MLA takes no e4m3 query"}, {"na": "plan failed: RuntimeError: x"},
+               {"error": "RuntimeError: y"}, {"na": "--no-flashinfer"}, None):
+        row = {"index": 0, "name": "r", "ours": ours, "flashmla": {"na": "--no-flashmla"}, "flashinfer": fi}
+        cells[str(fi)] = table.new_row("| 1 | 8192 | 16 | 1 | x | x | x | x |", row).split(" | ")[6]
+    assert list(cells.values()) == ["n/a (no e4m3 query)", "failed (see the JSON)", "failed (see the JSON)",
+                                    "not run", "not run"]
