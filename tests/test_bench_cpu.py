@@ -262,10 +262,12 @@ def test_trace_script_without_a_gpu(monkeypatch):
     assert run.returncode == 0 and "--shape" in run.stdout, run.stderr
 
 
-def test_ab_script_without_a_gpu(monkeypatch):
+def test_ab_script_without_a_gpu(tmp_path, monkeypatch):
     """benchmarks/ab.py: the same-run table (medians, ratio to main) and its command line."""
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     ab = load_benchmark("ab")
+    # run() unpacks .ab/variants.tar.xz for a variant it does not find: not the checkout's
+    monkeypatch.setattr(ab, "AB_DIR", tmp_path)
     times = {"main": [{"s0": 10.0, "s1": 20.0}, {"s0": 12.0, "s1": 20.0}],
              "v": [{"s0": 9.0, "s1": 22.0}, {"s0": 9.0, "s1": 23.0}]}
     lines = ab.summarize(times)
