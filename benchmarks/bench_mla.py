@@ -568,7 +568,8 @@ def write_plot(result: dict, path: Path) -> Optional[Path]:
     c = result.get("ceilings", {})
     gpu = result.get("gpu", {}).get("name", "?")
     ax.set_title(
-        f"MLA, page {PAGE_SIZE} (bf16; _fp8: fp8 KV, _fp8q: fp8 query and KV) on {gpu}: copy {c.get('copy_tbps', 0):.2f} TB/s, "
+        f"MLA, page {PAGE_SIZE} (bf16; _fp8: fp8 KV, _fp8q: fp8 query and KV) on {gpu}: "
+        f"copy {c.get('copy_tbps', 0):.2f} TB/s, "
         f"matmul {c.get('matmul_tflops', 0):.0f} TFLOP/s; commit {str(result.get('git_commit', '?'))[:10]}",
         fontsize=9,
     )

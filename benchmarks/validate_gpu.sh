@@ -11,9 +11,10 @@
 # PNG under $LOGS/results, labelled COMMIT), then `ab.py run --rounds 2 VARIANT...`. Everything is packed
 # into $OUT/all.tgz after the benchmark and again at the end, so a run cut short still returns
 # its logs. About 6 minutes without variants (suite ~125 s, fuzz ~35 s, sanitizers ~55 s,
-# benchmark ~125 s at 52 rows (Session 38), start-up); each variant adds ~120 s (two rounds of
-# main and it, all 52 shapes). Shorter (Session 41: 251 s with one variant on 19 rows and 100
-# fuzz examples): AB_SHAPES=0,3,4,... (bench_mla.py indices) and FUZZ_EXAMPLES=100. AB_REPLAN=1:
+# benchmark ~130 s at 55 rows with FlashMLA's column (Session 44), start-up); each variant adds
+# ~120 s (two rounds of main and it, all 55 shapes). Shorter (Session 41: 251 s with one variant
+# on 19 rows and 100 fuzz examples; Session 44: 384 s with the benchmark, one variant on 5 rows):
+# AB_SHAPES=0,3,4,... (bench_mla.py indices) and FUZZ_EXAMPLES=100. AB_REPLAN=1:
 # the A/B also times calls that cannot reuse a plan (ab.py run --replan; twice the time).
 set -u
 commit="${1:?usage: validate_gpu.sh COMMIT [VARIANT...]}"
