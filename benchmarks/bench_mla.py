@@ -314,8 +314,8 @@ def shape_table() -> list[Shape]:
         uniform_shape(4, 2048, 128, 1, "TP1 batch 4, short"),
         uniform_shape(2, 4096, 16, 1, "TP8 batch 2, short"),
         uniform_shape(4, 4096, 16, 1, "TP8 batch 4, short"),
-        # TP8 MTP 2 below B128 (52-54): 32 query rows per request, where the planner picks the
-        # 32-row narrow kernel or the 64-row seesaw (perf-notes, Session 44).
+        # TP8 MTP 2 below B128 (52-54): 32 query rows per request, where the 64-row seesaw
+        # replaced the 32-row narrow kernel (1-9% faster; perf-notes, Session 44).
         uniform_shape(1, 8192, 16, 2, "TP8 MTP 2, one request"),
         uniform_shape(8, 4096, 16, 2, "TP8 MTP 2, batch 8"),
         uniform_shape(32, 8192, 16, 2, "TP8 MTP 2, batch 32"),
