@@ -977,14 +977,10 @@ class Bench:
         try:
             sms = self.torch.cuda.get_device_properties(self.dev).multi_processor_count
             fm_calls, fm_outs = flashmla_side.calls(fm_lib, shape, data, sms, SM_SCALE)
-            t = self.time_graph(fm_calls)
-            row["flashmla"] = {**perf_fields(row, t["us"], t), **t}
         except Exception as e:  # noqa: BLE001 - a failure is this row's result, not the run's
             row["flashmla"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
             return
-        if "us" in row.get("ours", {}):
-            row["ratio_fm_over_ours"] = row["flashmla"]["us"] / row["ours"]["us"]
-            row["check_flashmla"] = {"against": "FlashMLA", **self.compare(shape, data, fm_outs[0], 0.02)}
+        self.time_competitor(row, shape, data, "flashmla", fm_calls, fm_outs[0])
 
     def run_flashinfer(self, row: dict, shape: Shape, data: dict, fi_mla, fi_ws, fi_reason: Optional[str]) -> None:
         if fi_mla is None:
@@ -1000,15 +996,25 @@ class Bench:
         except Exception as e:  # noqa: BLE001 - its planner refusing a shape is a result
             row["flashinfer"] = {"na": f"plan failed: {type(e).__name__}: {str(e)[:300]}"}
             return
+        self.time_competitor(row, shape, data, "flashinfer", fi_calls, fi_outs[0])
+
+    # row keys of a competitor's ratio to ours and of its output check (the JSON's, as readers know
+    # them), and the "against" name its check carries when it is not the default FlashInfer
+    COMPETITOR_KEYS = {"flashmla": ("ratio_fm_over_ours", "check_flashmla", {"against": "FlashMLA"}),
+                       "flashinfer": ("ratio_fi_over_ours", "check", {})}
+
+    def time_competitor(self, row: dict, shape: Shape, data: dict, who: str, calls, out0) -> None:
+        """row[who]: its timed calls (or the error); with ours timed, its ratio and output check."""
         try:
-            t = self.time_graph(fi_calls)
-            row["flashinfer"] = {**perf_fields(row, t["us"], t), **t}
-        except Exception as e:  # noqa: BLE001
-            row["flashinfer"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+            t = self.time_graph(calls)
+            row[who] = {**perf_fields(row, t["us"], t), **t}
+        except Exception as e:  # noqa: BLE001 - a failure is this row's result, not the run's
+            row[who] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
             return
         if "us" in row.get("ours", {}):
-            row["ratio_fi_over_ours"] = row["flashinfer"]["us"] / row["ours"]["us"]
-            row["check"] = self.compare(shape, data, fi_outs[0], 0.02)
+            ratio_key, check_key, against = self.COMPETITOR_KEYS[who]
+            row[ratio_key] = row[who]["us"] / row["ours"]["us"]
+            row[check_key] = {**against, **self.compare(shape, data, out0, 0.02)}
 
 
 def save(result: dict, json_path: Path) -> None:

@@ -266,8 +266,8 @@ int64_t workspace_size(int64_t batch, int64_t total_q, int64_t num_heads, int64_
 // kNarrow{16,32}Fp8 kernels read a float8_e4m3fn cache in units of 16 / 32 rows (kept fp8 in shared
 // memory: QK^T and PV on e4m3 wgmmas), the _fp8_any ones load it by cp.async for the page sizes TMA
 // does not fit; the _fp8q ones take an e4m3 query too (both matmuls on e4m3 wgmmas). The fp8
-// narrow ids are laid out so that kNarrow16Fp8 (+ kNarrowFp8Any) (+ kNarrowFp8Q) + (32 rows) picks
-// one. (A bf16 32-row narrow kernel took 1-9% longer than the 64-row seesaw at 32 rows from B1
+// narrow ids are laid out so that kNarrow16Fp8 (+ kNarrowFp8Rows32) (+ kNarrowFp8Any) (+ kNarrowFp8Q)
+// picks one. (A bf16 32-row narrow kernel took 1-9% longer than the 64-row seesaw at 32 rows from B1
 // to B128, Session 44: bf16 requests of 17-32 rows run there.) kWideFp8Q: e4m3 query and
 // cache, TMA pages, 64-row units (requests of more than 32 rows); kWideFp8: the same with a bf16
 // query (Q and P as hi + lo e4m3 rows). kSeesawReread: kSeesaw with the KV at L2's normal
@@ -284,7 +284,10 @@ enum KernelId : int {
 // blocks per CTA) 4.5% faster, B1 kv65536 H128 (~16) 0.5% faster, B32 kv4096 H128 (~31) 0.5%
 // slower, B128 kv4096 H128 5% slower (same-run A/B, Session 22).
 constexpr int kShortBlocksPerCta = 16;
-constexpr int kNarrowFp8Any = kNarrow16Fp8Any - kNarrow16Fp8, kNarrowFp8Q = kNarrow16Fp8Q - kNarrow16Fp8;
+constexpr int kNarrowFp8Rows32 = kNarrow32Fp8 - kNarrow16Fp8, kNarrowFp8Any = kNarrow16Fp8Any - kNarrow16Fp8,
+              kNarrowFp8Q = kNarrow16Fp8Q - kNarrow16Fp8;
+static_assert(kNarrow32Fp8QAny == kNarrow16Fp8 + kNarrowFp8Rows32 + kNarrowFp8Any + kNarrowFp8Q,
+              "the fp8 narrow ids must add up as laid out");
 struct KernelInfo {
   const char* name;
   int smem;  // dynamic shared memory bytes
@@ -797,8 +800,8 @@ void run_attention(TensorView out, Optional<TensorView> lse, TensorView query, T
   const int id = wide_fp8 ? (q_fp8 ? kWideFp8Q : kWideFp8)
                  : !narrow ? (use_tma ? seesaw_kernel() : kAnyPage)
                  : !kv_fp8 ? kNarrow16
-                           : kNarrow16Fp8 + (unit_rows_log2 == 4 ? 0 : 1) + (use_tma ? 0 : kNarrowFp8Any) +
-                                 (q_fp8 ? kNarrowFp8Q : 0);
+                           : kNarrow16Fp8 + (unit_rows_log2 == 4 ? 0 : kNarrowFp8Rows32) +
+                                 (use_tma ? 0 : kNarrowFp8Any) + (q_fp8 ? kNarrowFp8Q : 0);
   MLA_CHECK(!(unfit >> id & 1u), RuntimeError)
       << kKernelInfo[id].name << " needs all " << kKernelInfo[id].smem
       << " bytes of shared memory as dynamic shared memory, and raising its limit failed on this "

@@ -340,3 +340,26 @@ def test_flashmla_column_without_its_library(bench, monkeypatch, tmp_path):
     assert side.num_sm_parts(132, 1, 128) == 66
     assert side.num_sm_parts(132, 4, 16) == 132
     assert side.num_sm_parts(132, 2, 128) == 33
+
+
+def test_competitor_results_and_checks_without_a_gpu(bench):
+    """Bench.time_competitor: a competitor's time, its ratio to ours and its output check under
+    the JSON keys the readers use; a timing failure is that row's error. CPU tensors, no graphs."""
+    import torch
+
+    b = object.__new__(bench.Bench)  # no device: time_graph is replaced below
+    shape = _by_name(bench, "b64_kv8192_h16_q1")
+    ours = torch.randn(shape.total_q, shape.num_heads, bench.D_V).to(torch.bfloat16)
+    data = {"outs": [ours]}
+    row = {"bytes": 1e9, "flops": 1e12, "roofline_us": 100.0, "ours": {"us": 200.0}}
+    b.time_graph = lambda calls: {"us": 250.0}
+    b.time_competitor(row, shape, data, "flashmla", [], ours.clone())
+    b.time_competitor(row, shape, data, "flashinfer", [], ours.float().add(0.5).to(torch.bfloat16))
+    assert row["flashmla"]["us"] == 250.0 and row["flashmla"]["pct_roofline"] == 40.0
+    assert row["ratio_fm_over_ours"] == row["ratio_fi_over_ours"] == 1.25
+    assert row["check_flashmla"]["against"] == "FlashMLA" and row["check_flashmla"]["max_abs_diff"] == 0.0
+    assert "against" not in row["check"] and row["check"]["suspect"]  # 0.5 off: past 0.02 + 0.02 x peak
+    b.time_graph = lambda calls: 1 / 0
+    failed = {"ours": {"us": 200.0}}
+    b.time_competitor(failed, shape, data, "flashinfer", [], ours)
+    assert failed == {"ours": {"us": 200.0}, "flashinfer": {"error": "ZeroDivisionError: division by zero"}}

@@ -1,6 +1,6 @@
 // A C entry point over FlashMLA's sm90 dense bf16 decode, for the side-by-side benchmark only
 // (never shipped, never imported by jit_mla). Built by benchmarks/flashmla/build.sh against a
-// FlashMLA checkout; benchmarks/flashmla/side.py loads it with ctypes and owns every buffer.
+// FlashMLA checkout; benchmarks/flashmla_side.py loads it with ctypes and owns every buffer.
 //
 // The call is what FlashMLA's own `dense_attn_decode_interface` does for one KV head (MLA's
 // h_k = 1), minus torch: the schedule (`fm_plan`, its get_decoding_sched_meta kernel, which
