@@ -2,8 +2,8 @@
 
 A call reuses the plan a call left in the workspace when its key and input values are the same and
 every word of the plan's span still equals the complement of its shadow; otherwise it plans
-again. A call publishes a plan it made only when it has splits (the publish waits for the merge's
-grid barrier).
+again. A call publishes a plan it made once every CTA has checked: after the merge's grid barrier
+when it has splits, after every CTA's arrival at the launch's barrier word when it has none.
 These cases run several calls on one workspace, with other inputs, other shapes, other kernels
 and other writers in between, and check every result: against the float32 reference, and
 bitwise against the same call on a fresh workspace (a plan is deterministic, so its output is).
@@ -149,22 +149,25 @@ def test_scribbles_between_calls_are_caught():
         _same(_call(c, ws), want, f"after {name}")
 
 
-def test_a_consistent_plan_in_the_workspace_is_used():
-    """White box: after a call with splits, a forged plan without work (every set's bounds
-    (0, 0), no split groups) with matching shadows. The next call with the same inputs takes it
-    (no set has work: out and lse keep their poison), which shows the reuse; a changed length
-    plans again."""
-    c = _case(1, 1, 128, 20000, seed=10)  # one long request: split over every set
+@pytest.mark.parametrize("split", [True, False], ids=["split", "whole"])
+def test_a_consistent_plan_in_the_workspace_is_used(split):
+    """White box: after a call, a forged plan without work (every set's bounds (0, 0), no split
+    groups) with matching shadows. The next call with the same inputs takes it (no set has work:
+    out and lse keep their poison), which shows the reuse; a changed length plans again. With
+    splits (one long request over every set) and without (equal requests, whole ones per set:
+    the publish after the launch's barrier word, not the merge's barrier)."""
+    sms = torch.cuda.get_device_properties(DEV).multi_processor_count
+    c = _case(1, 1, 128, 20000, seed=10) if split else _case(2 * sms, 1, 16, 1000, seed=14)
     ws = torch.full((_ws_bytes(c),), 0xFF, dtype=torch.uint8, device=DEV)
     check_case(c, *_call(c, ws), label="plan cache white box")
     header = _header(ws)
     assert header[0] == PLAN_FORMAT, f"no plan published: header {header}"
-    sms = torch.cuda.get_device_properties(DEV).multi_processor_count
-    lay = plan_layout(1, _total_q(c), 128, sms)
+    lay = plan_layout(c.batch, _total_q(c), c.num_heads, sms)
     words = ws.view(torch.int32)
     span = slice(lay.group_prefix // 4, lay.shadow // 4)
     shadows = slice(lay.shadow // 4, lay.end // 4)
     assert torch.equal(words[shadows], ~words[span]), "layout mirror out of date, or no publish"
+    assert (words[lay.split_groups // 4] != 0) == split, "the case does not split as it means to"
     num_ctas, m_group = header[8], header[7]
     b0 = lay.bounds // 4
     words[b0 : b0 + 2 * (num_ctas // m_group + 1)] = 0  # every set's range empty
@@ -177,18 +180,22 @@ def test_a_consistent_plan_in_the_workspace_is_used():
     check_case(c, *_call(c, ws), label="plan cache white box replanned")
 
 
-def test_a_call_without_splits_does_not_publish():
-    """A call without a split has no grid barrier, so it must not publish: the header stays that
-    of the last call with splits, and calls alternating between the two stay exact."""
+def test_calls_with_and_without_splits_alternating():
+    """Each call publishes its plan, with splits or without: the header follows the last call
+    (its batch), the shadows mirror the span, and calls alternating between the two stay exact."""
     sms = torch.cuda.get_device_properties(DEV).multi_processor_count
     split = _case(2, 1, 16, [9000, 5000], seed=13)  # few requests: split
     whole = _case(2 * sms, 1, 16, 1000, seed=14)  # equal requests, two per set: whole groups
     want = {"split": _fresh(split), "whole": _fresh(whole)}
     ws = torch.full((_ws_bytes(split, whole),), 0xFF, dtype=torch.uint8, device=DEV)
+    words = ws.view(torch.int32)
     for i, (name, c) in enumerate([("split", split), ("whole", whole)] * 3):
         _same(_call(c, ws), want[name], f"{name} call {i}")
         header = _header(ws)
-        assert header[0] == PLAN_FORMAT and header[1] == 2, f"{name} call {i}: header {header}"
+        assert header[0] == PLAN_FORMAT and header[1] == c.batch, f"{name} call {i}: header {header}"
+        lay = plan_layout(c.batch, _total_q(c), c.num_heads, sms)
+        span, shadows = slice(lay.group_prefix // 4, lay.shadow // 4), slice(lay.shadow // 4, lay.end // 4)
+        assert torch.equal(words[shadows], ~words[span]), f"{name} call {i}: shadows not published"
     check_case(whole, *want["whole"], label="plan cache whole groups")
     check_case(split, *want["split"], label="plan cache split")
 

@@ -9,8 +9,9 @@
 // same size after it holds each word's complement, its shadow. A CTA reuses the plan when, in
 // one round of loads, the header equals this call's key, the copies equal the inputs and every
 // word of the span equals the complement of its shadow; otherwise it plans. Once every CTA has
-// checked (after the merge's grid barrier), the last CTA publishes if it planned: shadows,
-// copies, header. A call without a split has no grid barrier and does not publish.
+// checked, the last CTA publishes if it planned: shadows, copies, header. "Every CTA has checked"
+// is the merge's grid barrier in a call with splits; a call without one arrives at the same
+// barrier word once per CTA after its check and only the publisher waits (unsplit_arrive below).
 //
 // Why a match is this call's plan, without fences: calls do not overlap (each waits for the
 // previous grid at the PDL wait, which also makes its writes visible), and within a call nothing
@@ -27,6 +28,8 @@
 // disagree: zeros or any one fill value never give a word and its complement). Not checked: the
 // partials and cost_prefix (no call reads them before writing them).
 #pragma once
+#include <cooperative_groups.h>
+
 #include "../config.h"
 #include "params.h"
 #include "units.cuh"
@@ -78,6 +81,49 @@ __device__ __forceinline__ void publish_plan(const MlaParams& p) {
 #pragma unroll 1
   for (int i = tid; i < n; i += nt) p.plan_input_copy[i] = plan_input_word(p, i);
   if (tid < kPlanKeyWords) p.plan_header[tid] = p.plan_key[tid];
+}
+
+// A call without splits (every uniform batch that fills whole sets: B128 decode) has no grid
+// barrier, yet re-planning costs it ~2.3 us a call at B128 (3.8 us from entry to its first unit
+// against 1.5 with the plan reused; Session 45's trace). So every CTA but the publisher (the last)
+// arrives, once its check is done, at the cooperative launch's grid barrier word, the one
+// cooperative_groups' grid barrier uses (the driver's, per launch: no other kernel writes it); the
+// publisher arrives at its end and waits for the phase to complete before it publishes. One phase
+// adds 2^31 in all (CTA 0 adds 2^31 - (grid - 1), the others 1), so its top bit flips once when
+// every CTA has arrived, whatever it held before, and the word is left as a complete phase leaves
+// it (a later grid barrier in the launch is not disturbed; calls with splits never arrive here).
+// The arrival is a release after the CTA's barrier that consumed its check's loads, the wait an
+// acquire: a CTA's check is done before the publisher writes.
+__device__ __forceinline__ unsigned* grid_barrier_word() {
+  return &cooperative_groups::details::get_grid_workspace()->barrier;
+}
+__device__ __forceinline__ unsigned grid_phase_share() {
+  return blockIdx.x == 0 ? 0x80000000u - (gridDim.x - 1) : 1u;
+}
+__device__ __forceinline__ bool is_plan_publisher() { return blockIdx.x == gridDim.x - 1; }
+
+// By every thread of a CTA after its check (and the split list's count is known): one thread of
+// the last warp (warp 0 issues the first loads) arrives, when the call has no split.
+__device__ __forceinline__ void unsplit_arrive(const MlaParams& p) {
+  if (threadIdx.x == blockDim.x - 32 && !is_plan_publisher() && p.split_groups[0] == 0) {
+    asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(grid_barrier_word()), "r"(grid_phase_share())
+                 : "memory");
+  }
+}
+
+// By every thread of the publisher CTA, at its end in a call without splits: arrives and waits
+// for every other CTA's arrival.
+__device__ __forceinline__ void unsplit_arrive_and_wait() {
+  if (threadIdx.x == 0) {
+    unsigned* word = grid_barrier_word();
+    unsigned old, now;
+    asm volatile("atom.add.release.gpu.global.u32 %0, [%1], %2;" : "=r"(old) : "l"(word), "r"(grid_phase_share())
+                 : "memory");
+    do {
+      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(now) : "l"(word) : "memory");
+    } while (((old ^ now) & 0x80000000u) == 0);
+  }
+  __syncthreads();
 }
 
 }  // namespace jit_mla

@@ -80,6 +80,7 @@ __device__ __forceinline__ CtaRange start_cta(const MlaParams& p, PlanScratch<kT
   }
   CtaRange cr = cta_range(p);  // after a reuse, L1 hits: the check loaded these words
   cr.planned = !reuse;
+  if (kListSplits || reuse) unsplit_arrive(p);  // else SplitList::write, once the count is known
   trace_mark(kMarkPlanned);
   trace_range(cr.beg.group, cr.beg.block, cr.end.group, cr.end.block);
   return cr;
@@ -110,6 +111,7 @@ struct SplitList {
   __device__ __forceinline__ void write(const MlaParams& p) {
     if (written) return;
     list_split_groups<kThreads>(p, scratch);
+    unsplit_arrive(p);
     written = true;
   }
 };

@@ -33,11 +33,15 @@ __device__ __forceinline__ void attend_then_merge(const MlaParams& p) {
   // Attend: true when this CTA planned (did not reuse the workspace's plan)
   const bool planned = __shfl_sync(0xffffffffu, Attend(p), 0);  // uniform, so ptxas knows it is
   jit_mla::trace_mark(jit_mla::kMarkAttended);
-  // A plan made here is published once every CTA has checked for one: after the merge's grid
-  // barrier (a call without splits has none), by the last CTA (the fewest merge rows: warps take
-  // them CTA by CTA).
+  // A plan made here is published once every CTA has checked for one, by the last CTA (the
+  // fewest merge rows: warps take them CTA by CTA): after the merge's grid barrier, or in a call
+  // without splits after the other CTAs' arrivals (plan_cache.cuh).
   const bool synced = jit_mla::combine_splits(p);
-  if (synced && planned && blockIdx.x == gridDim.x - 1) jit_mla::publish_plan(p);
+  if (jit_mla::is_plan_publisher()) {
+    const bool unsplit = !synced && p.split_groups[0] == 0;  // (not a probe build without the merge)
+    if (unsplit) jit_mla::unsplit_arrive_and_wait();
+    if (planned && (synced || unsplit)) jit_mla::publish_plan(p);
+  }
   jit_mla::trace_mark(jit_mla::kMarkDone);
   // Records last (to global memory, printed by mla_probe_dump: a printf here would make ptxas
   // serialize the wgmmas).
