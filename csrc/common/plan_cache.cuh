@@ -15,7 +15,7 @@
 //
 // Why a match is this call's plan, without fences: calls do not overlap (each waits for the
 // previous grid at the PDL wait, which also makes its writes visible), and within a call nothing
-// writes the header, the copies or the shadows before every CTA has passed the grid barrier, so
+// writes the header, the copies or the shadows before every CTA has checked (above), so
 // every CTA reads them as the last publish left them (or as something else wrote over them).
 // The plan words may change under a reader: CTAs that plan write them, but only with this
 // call's plan, the same values in every CTA. So a word read is either the value the call started
@@ -67,7 +67,7 @@ __device__ __forceinline__ bool plan_in_workspace(const MlaParams& p) {
   return __syncthreads_and(ok) != 0;
 }
 
-// By every thread of the last CTA, after the merge's grid barrier (every CTA has checked), when
+// By every thread of the last CTA once every CTA has checked (unsplit_arrive below), when
 // it planned: the shadows, the copies, the header. Plain stores, no fence: the next call reads
 // them after our grid completes.
 __device__ __forceinline__ void publish_plan(const MlaParams& p) {
@@ -87,11 +87,11 @@ __device__ __forceinline__ void publish_plan(const MlaParams& p) {
 // barrier, yet re-planning costs it ~2.3 us a call at B128 (3.8 us from entry to its first unit
 // against 1.5 with the plan reused; Session 45's trace). So every CTA but the publisher (the last)
 // arrives, once its check is done, at the cooperative launch's grid barrier word, the one
-// cooperative_groups' grid barrier uses (the driver's, per launch: no other kernel writes it); the
-// publisher arrives at its end and waits for the phase to complete before it publishes. One phase
-// adds 2^31 in all (CTA 0 adds 2^31 - (grid - 1), the others 1), so its top bit flips once when
-// every CTA has arrived, whatever it held before, and the word is left as a complete phase leaves
-// it (a later grid barrier in the launch is not disturbed; calls with splits never arrive here).
+// cooperative_groups' grid barrier uses (the driver's: no kernel writes it but through its phases);
+// the publisher arrives at its end and waits for the phase to complete before it publishes. One
+// phase adds 2^31 in all (CTA 0 adds 2^31 - (grid - 1), the others 1): with the low 31 bits at
+// zero when it starts (every phase, ours or the grid barrier's, leaves them so), its top bit flips
+// at the last arrival. Calls with splits never arrive here (only at the merge's grid barrier).
 // The arrival is a release after the CTA's barrier that consumed its check's loads, the wait an
 // acquire: a CTA's check is done before the publisher writes.
 __device__ __forceinline__ unsigned* grid_barrier_word() {

@@ -59,8 +59,8 @@ __device__ __forceinline__ float p_exp_scale(float scale_log2) { return scale_lo
 // the plan in the workspace when it was made from this call's inputs (plan_cache.cuh), or plans
 // the call's splits (as every CTA does) and takes its share. kListSplits: the plan's split list
 // too; false: the kernel writes the list later (SplitList; *listed is set when the plan was
-// reused: nothing left to write). The last CTA publishes a plan it made after the merge's grid
-// barrier (cr.planned; mla_sm90.cu).
+// reused: nothing left to write). The last CTA publishes a plan it made once every CTA has
+// checked (cr.planned; mla_sm90.cu, plan_cache.cuh).
 // scratch: the planner's shared memory (free again when the split list is written).
 template <int kThreads, bool kListSplits = true>
 __device__ __forceinline__ CtaRange start_cta(const MlaParams& p, PlanScratch<kThreads>& scratch,
