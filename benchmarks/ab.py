@@ -20,6 +20,15 @@ not timed):
 
 Two runs of the same code on one instance agree to ~0.5%; runs on different instances do not
 compare (the card's clocks and the host differ): only same-run ratios mean something.
+
+Phase traces of trees prepared with a trace probe (e.g. docs/experiments/probe-trace-8.patch,
+with and without the patch under study), on the H200:
+
+    python3 benchmarks/ab.py trace --shapes 128,2,16,4096 64,1,16,8192 --runs 3 NAME...
+
+runs benchmarks/trace_phases.py in each tree, prints one line per run (when the CTAs were
+planned, their attention ends, the last done) and packs every run's text and JSON into
+$OUT/traces.tgz (the device tool returns 8 files at most, named without commas).
 """
 
 from __future__ import annotations
@@ -152,6 +161,39 @@ def run(variants: list[str], shapes: str, rounds: int, suite: bool, replan: bool
             print(f"after round {i + 1}:", "\n".join(summarize(times)), sep="\n", flush=True)
 
 
+def trace_line(name: str, summary: dict) -> str:
+    """One run's trace summary (trace_phases.summarize) in a line: µs from the first entry."""
+    e = summary["attention ends"]
+    return (f"{name}: planned {summary['planned at']:.2f}, attention median {summary['attention']['median']:.1f}"
+            f" / max {summary['attention']['max']:.1f}, ends 10/50/90/100% {e['p10']:.1f} / {e['p50']:.1f} /"
+            f" {e['p90']:.1f} / {e['max']:.1f} ({e['ctas']} CTAs), last done {summary['first entry to last done']:.1f}")
+
+
+def trace(variants: list[str], shapes: list[str], runs: int, out_dir: Path) -> Path:
+    """On the GPU: trace_phases.py `runs` times per shape in each variant's tree; the runs' text
+    and JSON under out_dir/traces/ (named VARIANT-BxQxHxKV-RUN), packed into out_dir/traces.tgz."""
+    unpack_if_packed(variants)
+    dest = out_dir / "traces"
+    dest.mkdir(parents=True, exist_ok=True)
+    for v in variants:
+        tree = AB_DIR / v
+        if not (tree / "cubins").is_dir():
+            raise SystemExit(f"{tree} is not a prepared variant: run `python benchmarks/ab.py prepare {v} ...` here")
+        for shape in shapes:
+            for i in range(1, runs + 1):
+                stem = dest / f"{v}-{shape.replace(',', 'x')}-{i}"
+                r = subprocess.run([sys.executable, "benchmarks/trace_phases.py", "--shape", shape, "--json",
+                                    f"{stem}.json"], cwd=tree, env=_env(tree, f"/tmp/ab_cache_{v}"),
+                                   capture_output=True, text=True)
+                stem.with_suffix(".txt").write_text(r.stdout + r.stderr)
+                summary = json.loads(stem.with_suffix(".json").read_text())["summary"] if r.returncode == 0 else None
+                line = trace_line(stem.name, summary) if summary and summary.get("ctas") else f"{stem.name}: failed"
+                print(line, flush=True)
+    archive = out_dir / "traces.tgz"
+    subprocess.run(["tar", "czf", str(archive), "-C", str(out_dir), "traces"], check=True)
+    return archive
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -166,8 +208,15 @@ def main() -> None:
     r.add_argument("--suite", action="store_true", help="GPU test suite on each variant first")
     r.add_argument("--replan", action="store_true",
                    help="also time each tree with bench_mla.py --replan (a call that cannot reuse a plan)")
+    t = sub.add_parser("trace", help="on the GPU: trace_phases.py in each (probe-built) variant's tree")
+    t.add_argument("variants", nargs="+")
+    t.add_argument("--shapes", nargs="+", default=["8,1,128,4096"], help="B,Q_LEN,H,KV_LEN each")
+    t.add_argument("--runs", type=int, default=3)
+    t.add_argument("--out", default=os.environ.get("OUT", "/tmp/ab_traces"), help="default: $OUT")
     args = ap.parse_args()
-    if args.cmd == "prepare":
+    if args.cmd == "trace":
+        print(trace(args.variants, args.shapes, args.runs, Path(args.out)))
+    elif args.cmd == "prepare":
         print(prepare(args.name, args.patches))
     elif args.cmd == "pack":
         archive = pack()

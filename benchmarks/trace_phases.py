@@ -169,8 +169,16 @@ def summarize_waits(rows: list[dict]) -> dict:
     return out
 
 
+def rank_value(values: list[float], q: float) -> float:
+    """The value at rank q (0..1) of the sorted values, nearest rank below (q = 1: the largest)."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
 def summarize(rows: list[dict]) -> dict:
-    """Phase durations (µs) over the CTAs: median and max; spreads of start and attention end."""
+    """Phase durations (µs) over the CTAs: median and max; spreads of start and attention end;
+    when the CTAs were planned (median) and when the ones with work ended their attention (10th,
+    50th, 90th percentile and last; µs from the first entry): how much of a call is its tail."""
     if not rows:
         raise ValueError("no trace lines: was the cubin built with JIT_MLA_PROBE bit 3 (8) set?")
     t0 = min(r["entry"] for r in rows)
@@ -190,7 +198,13 @@ def summarize(rows: list[dict]) -> dict:
         "attention end spread": us(max(r["attended"] for r in rows) - min(r["attended"] for r in rows)),
         "first entry to last done": us(max(r["done"] for r in rows) - t0),
         "slowest attention cta": max(rows, key=lambda r: r["attended"] - r["planned"])["cta"],
+        "planned at": us(statistics.median(r["planned"] - t0 for r in rows)),
     }
+    # CTAs with work: a non-empty planned range (probe builds since session 17), else all
+    working = [r for r in rows if "range" not in r or pieces(r["range"]) > 0] or rows
+    ends = [us(r["attended"] - t0) for r in working]
+    out["attention ends"] = {"ctas": len(working), **{k: rank_value(ends, q) for k, q in
+                                                      (("p10", 0.1), ("p50", 0.5), ("p90", 0.9), ("max", 1.0))}}
     for name, d in phases.items():
         out[name] = {"median": us(statistics.median(d)), "max": us(max(d))}
     return out
@@ -249,6 +263,9 @@ def main() -> None:
         for key in ("pdl wait", "plan", "attention", "barrier wait", "merge"):
             print(f"  {key:26s} median {summary[key]['median']:8.2f} µs, max {summary[key]['max']:8.2f} µs")
         print(f"  slowest attention CTA: {summary['slowest attention cta']}")
+        e = summary["attention ends"]
+        print(f"  planned at {summary['planned at']:.2f} µs (median); attention ends of the {e['ctas']} CTAs with"
+              f" work at 10 / 50 / 90 / 100%: {e['p10']:.1f} / {e['p50']:.1f} / {e['p90']:.1f} / {e['max']:.1f} µs")
         for k, v in attention_by_pieces(rows).items():
             print(f"  attention of CTAs with {k} piece(s): {v['ctas']:4d} CTAs, median {v['median']:8.2f} µs,"
                   f" max {v['max']:8.2f} µs")

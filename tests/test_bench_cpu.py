@@ -6,6 +6,7 @@ import importlib.util
 import json
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -224,6 +225,12 @@ def test_trace_script_without_a_gpu(monkeypatch):
     by = trace.attention_by_pieces(ranged)
     assert by[1] == {"ctas": 1, "median": pytest.approx(40.0), "max": pytest.approx(40.0)}
     assert by[2]["ctas"] == 2 and by[2]["median"] == pytest.approx(43.0) and by[2]["max"] == pytest.approx(44.0)
+    # the attention ends of the CTAs with work (CTA 3's range is empty), µs from the first entry
+    s = trace.summarize(ranged)
+    assert s["planned at"] == pytest.approx(1.0)
+    assert s["attention ends"] == {"ctas": 3, "p10": pytest.approx(41.0), "p50": pytest.approx(43.0),
+                                   "p90": pytest.approx(45.0), "max": pytest.approx(45.0)}
+    assert trace.rank_value([3.0, 1.0, 2.0, 4.0], 0.5) == 3.0 and trace.rank_value([1.0], 0.9) == 1.0
     # no barrier (nothing split): synced is 0 on every CTA, and the merge phases read 0
     unsplit = trace.summarize(trace.parse("jit_mla-trace cta=0 sm=0 t=0,10,20,30,0,40\n"))
     assert not unsplit["split"] and unsplit["merge"]["max"] == 0
@@ -276,10 +283,42 @@ def test_ab_script_without_a_gpu(tmp_path, monkeypatch):
     assert lines[3] == "| s1 | 20.0 | 22.5 | 1.125 |"
     with pytest.raises(SystemExit, match="not a prepared variant"):
         ab.run(["no-such-variant"], "", 1, False)
-    for cmd in ("prepare", "pack", "run"):
+    for cmd in ("prepare", "pack", "run", "trace"):
         r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "ab.py"), cmd, "--help"],
                            capture_output=True, text=True, timeout=60)
         assert r.returncode == 0 and "usage" in r.stdout, r.stderr
+
+
+def test_ab_trace_without_a_gpu(tmp_path, monkeypatch, capsys):
+    """ab.py trace: trace_phases.py run in each variant's tree per shape and run, one summary line
+    each, the runs' files packed with names the device tool returns (no commas)."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    ab = load_benchmark("ab")
+    monkeypatch.setattr(ab, "AB_DIR", tmp_path / "ab")
+    tree = tmp_path / "ab" / "v"
+    (tree / "cubins").mkdir(parents=True)
+    (tree / "benchmarks").mkdir()
+    # a stand-in for the tree's trace_phases.py: its --json file with a summary as summarize() makes
+    summary = {"ctas": 2, "split": False, "planned at": 1.5, "attention": {"median": 140.0, "max": 145.0},
+               "attention ends": {"ctas": 2, "p10": 141.0, "p50": 143.0, "p90": 146.0, "max": 147.0},
+               "first entry to last done": 147.5}
+    (tree / "benchmarks" / "trace_phases.py").write_text(
+        "import json, sys\n"
+        "args = sys.argv[1:]\n"
+        "print('traced', args[args.index('--shape') + 1])\n"
+        f"json.dump({{'summary': {summary!r}}}, open(args[args.index('--json') + 1], 'w'))\n")
+    archive = ab.trace(["v"], ["128,2,16,4096"], 2, tmp_path / "out")
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == [
+        "v-128x2x16x4096-1: planned 1.50, attention median 140.0 / max 145.0, ends 10/50/90/100% 141.0 / 143.0 /"
+        " 146.0 / 147.0 (2 CTAs), last done 147.5",
+        lines[0].replace("-1:", "-2:")]
+    with tarfile.open(archive) as tar:
+        assert sorted(tar.getnames()) == ["traces", "traces/v-128x2x16x4096-1.json", "traces/v-128x2x16x4096-1.txt",
+                                          "traces/v-128x2x16x4096-2.json", "traces/v-128x2x16x4096-2.txt"]
+    assert (tmp_path / "out" / "traces" / "v-128x2x16x4096-1.txt").read_text() == "traced 128,2,16,4096\n"
+    with pytest.raises(SystemExit, match="not a prepared variant"):
+        ab.trace(["no-such-variant"], ["8,1,128,4096"], 1, tmp_path / "out")
 
 
 def test_ab_pack_round_trip(tmp_path, monkeypatch):
