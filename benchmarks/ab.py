@@ -186,9 +186,12 @@ def trace(variants: list[str], shapes: list[str], runs: int, out_dir: Path) -> P
                                     f"{stem}.json"], cwd=tree, env=_env(tree, f"/tmp/ab_cache_{v}"),
                                    capture_output=True, text=True)
                 stem.with_suffix(".txt").write_text(r.stdout + r.stderr)
-                summary = json.loads(stem.with_suffix(".json").read_text())["summary"] if r.returncode == 0 else None
-                line = trace_line(stem.name, summary) if summary and summary.get("ctas") else f"{stem.name}: failed"
-                print(line, flush=True)
+                if r.returncode != 0:
+                    print(f"{stem.name}: failed (rc {r.returncode}; its .txt)", flush=True)
+                    continue
+                summary = json.loads(stem.with_suffix(".json").read_text())["summary"]
+                print(trace_line(stem.name, summary) if summary.get("ctas") else
+                      f"{stem.name}: no phase marks (a probe without bit 3)", flush=True)
     archive = out_dir / "traces.tgz"
     subprocess.run(["tar", "czf", str(archive), "-C", str(out_dir), "traces"], check=True)
     return archive
