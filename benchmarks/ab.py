@@ -96,6 +96,13 @@ def unpack_if_packed(variants: list[str]) -> None:
         subprocess.run(["tar", "xJf", str(archive)], cwd=AB_DIR, check=True)
 
 
+def require_prepared(name: str, tree: Path) -> Path:
+    """tree, when it holds built cubins (a prepared variant, or the checkout); else exits saying how."""
+    if not (tree / "cubins").is_dir():
+        raise SystemExit(f"{tree} is not a prepared variant: run `python benchmarks/ab.py prepare {name} ...` here")
+    return tree
+
+
 def _env(tree: Path, cache: str) -> dict:
     """The variant's package first on the path (activate.sh puts the main checkout there)."""
     site = os.environ.get("JIT_MLA_AB_SITE", "/tmp/site")
@@ -135,8 +142,7 @@ def run(variants: list[str], shapes: str, rounds: int, suite: bool, replan: bool
     unpack_if_packed(variants)
     trees = {"main": ROOT, **{v: AB_DIR / v for v in variants}}
     for v, tree in trees.items():
-        if not (tree / "cubins").is_dir():
-            raise SystemExit(f"{tree} is not a prepared variant: run `python benchmarks/ab.py prepare {v} ...` here")
+        require_prepared(v, tree)
     if suite:
         for v, tree in list(trees.items()):
             r = subprocess.run([sys.executable, "-m", "pytest", "-q", *SUITE], cwd=tree,
@@ -176,9 +182,7 @@ def trace(variants: list[str], shapes: list[str], runs: int, out_dir: Path) -> P
     dest = out_dir / "traces"
     dest.mkdir(parents=True, exist_ok=True)
     for v in variants:
-        tree = AB_DIR / v
-        if not (tree / "cubins").is_dir():
-            raise SystemExit(f"{tree} is not a prepared variant: run `python benchmarks/ab.py prepare {v} ...` here")
+        tree = require_prepared(v, AB_DIR / v)
         for shape in shapes:
             for i in range(1, runs + 1):
                 stem = dest / f"{v}-{shape.replace(',', 'x')}-{i}"
