@@ -3,11 +3,16 @@
 Layout of one module in the cache (``cache_dir()/<name>_<key[:16]>/``)::
 
     .lock         file lock held while building (flock: dropped when its holder dies)
-    build.ninja   written fresh for every build
-    obj/*.o       compiler outputs
-    <name>.so     the module, renamed into place only once fully linked
+    build-XXXX/   one build's private dir: build.ninja, ninja's logs, obj/*.o, the linked .so
+    <name>.so     the module, renamed into place from build-XXXX/ only once fully linked
     done          JSON stamp {key, sha256, size} of <name>.so, written last
     builds.log    one line per compile (pid, time, seconds); tests count these
+
+Each build gets a fresh build dir because a killed build's compiler lives on: ninja starts every
+command in its own process group, so killing the building process and its group leaves the
+running nvcc (or the linker) to finish writing its output. In a shared obj/ it could rewrite an
+object under the next build's linker (CI once linked a .so without its functions that way); in its
+own dir it writes where no later build reads, and the next build's clean removes it.
 
 The key hashes file *contents*, never mtimes, so a checkout, a copy or a `touch` never
 rebuilds, and any edit to a source or a hashed header does. A module is trusted only when its
@@ -28,6 +33,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -53,6 +59,7 @@ _STAMP = "done"
 _LOCK = ".lock"
 _BUILDS_LOG = "builds.log"
 _KEEP_ON_CLEAN = frozenset({_LOCK, _BUILDS_LOG})  # the lock may be held by waiters; the log counts
+_BUILD_DIR_PREFIX = "build-"
 _OUTPUT_TAIL_LINES = 60
 
 
@@ -234,19 +241,20 @@ def _verified_so(mdir: Path, name: str, key: str) -> Path | None:
 def _build(spec: JitSpec, key: str, mdir: Path) -> Path:
     """Compile and link into ``mdir`` (caller holds the lock); returns ``<name>.so``."""
     _clean(mdir)
-    ninja_file = mdir / "build.ninja"
-    tmp_so = mdir / f"{spec.name}.so.tmp"
-    ninja_file.write_text(_ninja_text(spec, mdir, tmp_so))
+    work = Path(tempfile.mkdtemp(prefix=_BUILD_DIR_PREFIX, dir=mdir))  # 0700, a fresh name
+    ninja_file = work / "build.ninja"
+    linked_so = work / f"{spec.name}.so"
+    ninja_file.write_text(_ninja_text(spec, work, linked_so))
 
     start = time.monotonic()
-    _run_ninja(spec, mdir, ninja_file)
+    _run_ninja(spec, work, ninja_file)
     seconds = time.monotonic() - start
 
     # Never link in place: a process loading <name>.so must see no file or the complete one.
     # Each step is made durable before the next, so the stamp never outlives its .so.
     so = mdir / f"{spec.name}.so"
-    _fsync_file(tmp_so)
-    os.replace(tmp_so, so)
+    _fsync_file(linked_so)
+    os.replace(linked_so, so)
     _fsync_dir(mdir)
     stamp = {
         "format": FORMAT_VERSION,
@@ -256,6 +264,7 @@ def _build(spec: JitSpec, key: str, mdir: Path) -> Path:
     }
     _write_atomic(mdir / _STAMP, json.dumps(stamp, indent=1) + "\n")
     _fsync_dir(mdir)
+    shutil.rmtree(work, ignore_errors=True)  # a failed build's dir stays for its error message
 
     with open(mdir / _BUILDS_LOG, "a") as log:
         log.write(
@@ -267,19 +276,21 @@ def _build(spec: JitSpec, key: str, mdir: Path) -> Path:
 
 
 def _clean(mdir: Path) -> None:
-    # Whatever is here was not vouched for by a stamp: a killed compiler's .o, a half-linked
-    # .so.tmp, ninja's logs of another build. Remove the stamp first so no reader trusts it.
+    # Whatever is here was not vouched for by a stamp: a killed build's dir, a half-linked .so,
+    # a failed build's logs. Remove the stamp first so no reader trusts it.
     (mdir / _STAMP).unlink(missing_ok=True)
     for entry in mdir.iterdir():
         if entry.name in _KEEP_ON_CLEAN:
             continue
         if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry)
+            # A killed build's compiler may still be writing in there; what it adds after the
+            # removal is left for the next clean.
+            shutil.rmtree(entry, ignore_errors=True)
         else:
             entry.unlink()
 
 
-def _ninja_text(spec: JitSpec, mdir: Path, tmp_so: Path) -> str:
+def _ninja_text(spec: JitSpec, work: Path, linked_so: Path) -> str:
     include_dirs = _unique(
         [
             Path(tvm_ffi.libinfo.find_include_path()),
@@ -308,10 +319,10 @@ def _ninja_text(spec: JitSpec, mdir: Path, tmp_so: Path) -> str:
     ]
     objects = []
     for src, obj in zip(spec.sources, _object_names(spec.sources)):
-        objects.append(mdir / "obj" / obj)
+        objects.append(work / "obj" / obj)
         lines.append(f"build {_ninja_path(objects[-1])}: compile {_ninja_path(src)}")
-    lines.append(f"build {_ninja_path(tmp_so)}: link {' '.join(map(_ninja_path, objects))}")
-    lines.append(f"default {_ninja_path(tmp_so)}")
+    lines.append(f"build {_ninja_path(linked_so)}: link {' '.join(map(_ninja_path, objects))}")
+    lines.append(f"default {_ninja_path(linked_so)}")
     return "\n".join(lines) + "\n"
 
 
@@ -325,9 +336,9 @@ def _object_names(sources: tuple[Path, ...]) -> list[str]:
     return names
 
 
-def _run_ninja(spec: JitSpec, mdir: Path, ninja_file: Path) -> None:
+def _run_ninja(spec: JitSpec, work: Path, ninja_file: Path) -> None:
     echo = env.verbose()
-    cmd = [_ninja_binary(), "-C", str(mdir), "-f", str(ninja_file)]
+    cmd = [_ninja_binary(), "-C", str(work), "-f", str(ninja_file)]
     if echo:
         cmd.append("-v")  # ninja then echoes each full compiler command line
     tail: collections.deque[str] = collections.deque(maxlen=_OUTPUT_TAIL_LINES)
@@ -345,7 +356,7 @@ def _run_ninja(spec: JitSpec, mdir: Path, ninja_file: Path) -> None:
                 sys.stderr.write(line)
     if proc.returncode != 0:
         raise JitError(
-            f"building {spec.name} failed (ninja exit {proc.returncode}); build dir {mdir}; "
+            f"building {spec.name} failed (ninja exit {proc.returncode}); build dir {work}; "
             f"last compiler output:\n{''.join(tail)}"
         )
 

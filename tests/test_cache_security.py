@@ -86,7 +86,8 @@ def is_locked(path: Path) -> bool:
 
 
 def sigkill(proc: subprocess.Popen) -> None:
-    """SIGKILL the child and everything it started (its own session), then reap it."""
+    """SIGKILL the child's process group (it runs in its own session), then reap it. Ninja gives
+    each command a process group of its own, so a compiler it was running lives on."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
@@ -330,16 +331,23 @@ def test_lock_of_a_sigkilled_holder_does_not_block(probe, monkeypatch, caplog):
     assert "waits for another process's build" not in caplog.text
 
 
-def test_build_sigkilled_mid_compile_does_not_block_the_next(probe, monkeypatch):
-    # A child building for real, killed with its compiler once it holds the lock and ninja runs.
-    # start_new_session: its own process group, so ninja and nvcc die with it.
-    child = popen_python(CHILD, child_args(probe), start_new_session=True)
-    mdir = jit.module_dir(probe)
+def wait_for_build_dir(child: subprocess.Popen, mdir: Path) -> Path:
+    """The child's private build dir, once its build.ninja is written (under the lock, just
+    before ninja runs)."""
     deadline = time.monotonic() + 120
-    while not (mdir / "build.ninja").exists():  # written under the lock, just before ninja runs
+    while not (found := list(mdir.glob("build-*/build.ninja"))):
         assert child.poll() is None, f"child exited early:\n{child.communicate()[1]}"
         assert time.monotonic() < deadline, "the child did not start building in 120 s"
         time.sleep(0.005)
+    return found[0].parent
+
+
+def test_build_sigkilled_mid_compile_does_not_block_the_next(probe, monkeypatch):
+    # A child building for real, killed with its process group once it holds the lock and ninja
+    # runs (start_new_session: ninja dies with it; the compiler it started may not).
+    child = popen_python(CHILD, child_args(probe), start_new_session=True)
+    mdir = jit.module_dir(probe)
+    killed_dir = wait_for_build_dir(child, mdir)
     sigkill(child)
     assert child.returncode == -signal.SIGKILL
     assert not (mdir / "done").exists(), "the child was meant to die mid-build"
@@ -347,6 +355,70 @@ def test_build_sigkilled_mid_compile_does_not_block_the_next(probe, monkeypatch)
     monkeypatch.setenv("JIT_MLA_LOCK_TIMEOUT", "5")
     assert jit.build_and_load(probe).add_one(41) == 42
     assert builds(probe) == 1  # the killed build never finished, so it never logged
+    assert not killed_dir.exists(), "the next build removes the killed build's dir"
+
+
+# A CUDA_HOME whose bin/nvcc passes through to the real one, except in two roles, so that a killed
+# build's compiler can be made to finish at the worst moment: just before the next build links.
+# - ORPHAN_DIR set (the child that will be killed): compiling, it writes its pid, waits for
+#   $ORPHAN_DIR/go, empties its -o output (a late compiler's last write; it fails when the output's
+#   folder is gone) and then says it is done in $ORPHAN_DIR/wrote.
+# - ORPHAN_DIR unset, linking (-shared): lets the orphan go and waits until it is done.
+# Every wait gives up after 60 s, so a broken premise fails the test instead of hanging it.
+FAKE_NVCC = """#!/bin/sh
+wait_for() {{ n=0; while [ ! -e "$1" ] && [ $n -lt 6000 ]; do sleep 0.01; n=$((n+1)); done; }}
+out=""; prev=""
+for a in "$@"; do [ "$prev" = "-o" ] && out="$a"; prev="$a"; done
+if [ -n "$ORPHAN_DIR" ] && [ "$1" = "-std=c++17" ]; then
+    exec >/dev/null 2>&1  # ninja's pipe dies with ninja; a quiet compiler never writes to it
+    echo $$ > "$ORPHAN_DIR/pid"
+    wait_for "$ORPHAN_DIR/go"
+    cat /dev/null > "$out" 2>/dev/null
+    touch "$ORPHAN_DIR/wrote"
+    exit 0
+fi
+case " $* " in *" -shared "*)
+    touch "{orphan_dir}/go"
+    wait_for "{orphan_dir}/wrote";;
+esac
+exec {real} "$@"
+"""
+
+
+def test_compiler_of_a_killed_build_cannot_reach_the_next(probe, tmp_path, monkeypatch):
+    # The killed build's compiler outlives it (ninja put it in a process group of its own) and
+    # writes its object after the next build compiled and before it links. With one shared obj/
+    # the next build linked that empty object into a .so without functions; a private build dir
+    # per build keeps the late write away from it.
+    orphan_dir = tmp_path / "orphan"
+    orphan_dir.mkdir()
+    fake_home = tmp_path / "fake_cuda"
+    (fake_home / "bin").mkdir(parents=True)
+    nvcc = fake_home / "bin" / "nvcc"
+    nvcc.write_text(FAKE_NVCC.format(orphan_dir=orphan_dir, real=env.nvcc_path()))
+    nvcc.chmod(0o755)
+    monkeypatch.setenv("CUDA_HOME", str(fake_home))
+    env.cuda_home.cache_clear()
+
+    monkeypatch.setenv("ORPHAN_DIR", str(orphan_dir))  # for the child only (popen copies environ)
+    child = popen_python(CHILD, child_args(probe), start_new_session=True)
+    monkeypatch.delenv("ORPHAN_DIR")
+    mdir = jit.module_dir(probe)
+    wait_for_build_dir(child, mdir)
+    deadline = time.monotonic() + 60
+    while not (orphan_dir / "pid").exists():
+        assert time.monotonic() < deadline, "the child's compiler did not start in 60 s"
+        time.sleep(0.005)
+    sigkill(child)
+    orphan = int((orphan_dir / "pid").read_text())
+    try:
+        os.kill(orphan, 0)  # the compiler survived its build: the premise of this test
+        assert jit.build_and_load(probe).add_one(41) == 42
+        assert (orphan_dir / "wrote").exists(), "the orphan was meant to write before the link"
+    finally:
+        (orphan_dir / "go").touch()  # never leave the orphan spinning
+    assert run_child(probe)[0]["add_one"] == 42, "the stamped module on disk is the good one"
+    assert builds(probe) == 1
 
 
 def test_cubin_lock_of_a_sigkilled_holder_does_not_block(tmp_path, monkeypatch):

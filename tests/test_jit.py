@@ -270,19 +270,24 @@ def test_damaged_cache_entry_is_rebuilt(probe, damage):
 
 def test_stale_lock_and_killed_compiler_leftovers(probe):
     # What a build killed mid-way leaves: a lock file with no holder (flock died with the
-    # process), a half-written object, a half-linked .so.tmp, ninja's files, no stamp.
+    # process), its build dir with a half-written object, a half-linked .so, ninja's files, and
+    # no stamp; also what older layouts left in the module dir itself.
     mdir = jit.module_dir(probe)
-    (mdir / "obj").mkdir(parents=True)
+    killed = mdir / "build-killed"
+    (killed / "obj").mkdir(parents=True)
     (mdir / ".lock").touch()
-    (mdir / "obj" / "jit_probe.o").write_bytes(b"\x7fELF half an object")
+    (killed / "obj" / "jit_probe.o").write_bytes(b"\x7fELF half an object")
+    (killed / "jit_probe.so").write_bytes(b"\x7fELF half a library")
     (mdir / "jit_probe.so.tmp").write_bytes(b"\x7fELF half a library")
-    (mdir / "build.ninja").write_text("garbage\n")
-    (mdir / ".ninja_log").write_text("garbage\n")
-    (mdir / ".ninja_deps").write_bytes(b"garbage")
+    for d in (mdir, killed):
+        (d / "build.ninja").write_text("garbage\n")
+        (d / ".ninja_log").write_text("garbage\n")
+        (d / ".ninja_deps").write_bytes(b"garbage")
 
     assert jit.build_and_load(probe).add_one(41) == 42
     assert builds(probe) == 1
-    assert not (mdir / "jit_probe.so.tmp").exists()
+    left = sorted(p.name for p in mdir.iterdir())
+    assert left == [".lock", "builds.log", "done", "jit_probe.so"], left
 
 
 def test_lock_timeout_names_the_lock_and_the_variable(probe, monkeypatch, caplog):
