@@ -5,11 +5,15 @@ merge paths gave the small rows ~1% per ~500).
     python benchmarks/cubin_stats.py sizes cubins/sm_90a/mla_sm90.cubin [.ab/NAME/cubins/sm_90a/mla_sm90.cubin]
     python benchmarks/cubin_stats.py spills CUBIN [OTHER]
     python benchmarks/cubin_stats.py lines CUBIN mla_sm90_attention_short [--top 30]
+    python benchmarks/cubin_stats.py same-code CUBIN OTHER
 
 sizes: instructions per kernel (its ELF .text section / 16 bytes), and the change to OTHER.
 spills: STL / LDL instructions per kernel. lines: a kernel's instructions per source file and per
 source line (`nvdisasm -gi`, innermost frame; the cubin build passes -lineinfo). spills and lines need nvdisasm
-($JIT_MLA_NVDISASM, the toolkit's, or the `nvidia-cuda-nvdisasm` wheel's).
+($JIT_MLA_NVDISASM, the toolkit's, or the `nvidia-cuda-nvdisasm` wheel's). same-code: the
+sections that differ, and exit 1 unless only debug info does (code, relocations, kernel info and
+constants byte-identical: a comment or an address-space cast that moves source lines but not
+SASS; Session 46's grid-word patch was such an edit).
 """
 
 from __future__ import annotations
@@ -57,6 +61,22 @@ def spill_counts(cubin: str) -> dict[str, int]:
     return counts
 
 
+_DEBUG_SECTION = re.compile(r"^\.(rela?\.)?(debug_|nv_debug_)")
+
+
+def differing_sections(data: bytes, other: bytes) -> list[tuple[str, bool]]:
+    """(name, is_debug_info) of each section present in only one cubin or whose bytes differ
+    (SHT_NOBITS sections by size)."""
+
+    def contents(d: bytes) -> dict[str, bytes | int]:
+        return {name: size if sh_type == 8 else d[offset : offset + size]
+                for name, sh_type, offset, size, _, _ in cubins.elf_sections(d)}
+
+    a, b = contents(data), contents(other)
+    return [(name, bool(_DEBUG_SECTION.match(name))) for name in sorted(set(a) | set(b))
+            if a.get(name) != b.get(name)]
+
+
 def line_counts(cubin: str, kernel: str) -> collections.Counter:
     """One kernel's instructions per innermost (source file name, line)."""
     chains = sass_chains(_nvdisasm(["-gi", "-c"], cubin).splitlines(), kernel)
@@ -74,7 +94,17 @@ def main() -> None:
     p.add_argument("cubin")
     p.add_argument("kernel")
     p.add_argument("--top", type=int, default=30)
+    p = sub.add_parser("same-code")
+    p.add_argument("cubin")
+    p.add_argument("other")
     args = ap.parse_args()
+    if args.cmd == "same-code":
+        diff = differing_sections(Path(args.cubin).read_bytes(), Path(args.other).read_bytes())
+        for name, debug in diff:
+            print(f"differs{' (debug info)' if debug else ''}: {name}")
+        same = all(debug for _, debug in diff)
+        print("same code" if same else "different code")
+        sys.exit(0 if same else 1)
     if args.cmd == "lines":
         counts = line_counts(args.cubin, args.kernel)
         files: collections.Counter = collections.Counter()
