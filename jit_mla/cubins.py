@@ -471,6 +471,11 @@ def _cached_cubin(arch: str) -> bytes:
             data, problem = _check(arch, root, entry)
             if problem is None:
                 return data
+        # A process killed in _write_atomic leaves its temp file (.<name>.XXXX); under the lock
+        # nothing else writes here, so any such file is stale.
+        for stale in [*root.glob(".*.*"), *root.glob("*/.*.*")]:  # the manifest's, a cubin's
+            if stale.is_file() and not stale.is_symlink():
+                stale.unlink()
         start = time.monotonic()
         entry = build_cubins([arch], root)["cubins"][arch]
         logger.info(

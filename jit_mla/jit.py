@@ -5,14 +5,15 @@ Layout of one module in the cache (``cache_dir()/<name>_<key[:16]>/``)::
     .lock         file lock held while building (flock: dropped when its holder dies)
     build-XXXX/   one build's private dir: build.ninja, ninja's logs, obj/*.o, the linked .so
     <name>.so     the module, renamed into place from build-XXXX/ only once fully linked
-    done          JSON stamp {key, sha256, size} of <name>.so, written last
+    done          JSON stamp {format, key, sha256, size} of <name>.so, written last
     builds.log    one line per compile (pid, time, seconds); tests count these
 
 Each build gets a fresh build dir because a killed build's compiler lives on: ninja starts every
 command in its own process group, so killing the building process and its group leaves the
 running nvcc (or the linker) to finish writing its output. In a shared obj/ it could rewrite an
 object under the next build's linker (CI once linked a .so without its functions that way); in its
-own dir it writes where no later build reads, and the next build's clean removes it.
+own dir it writes where no later build reads. Build dirs are removed best-effort when a build
+starts and when it succeeds; one a survivor was writing into then waits for the next build.
 
 The key hashes file *contents*, never mtimes, so a checkout, a copy or a `touch` never
 rebuilds, and any edit to a source or a hashed header does. A module is trusted only when its
@@ -264,7 +265,10 @@ def _build(spec: JitSpec, key: str, mdir: Path) -> Path:
     }
     _write_atomic(mdir / _STAMP, json.dumps(stamp, indent=1) + "\n")
     _fsync_dir(mdir)
-    shutil.rmtree(work, ignore_errors=True)  # a failed build's dir stays for its error message
+    # Ours and any a killed build's compiler kept alive through the clean: once stamped, no clean
+    # runs here again. A failed build never gets here, so its dir stays for its error message.
+    for old in mdir.glob(f"{_BUILD_DIR_PREFIX}*"):
+        shutil.rmtree(old, ignore_errors=True)
 
     with open(mdir / _BUILDS_LOG, "a") as log:
         log.write(
@@ -356,8 +360,8 @@ def _run_ninja(spec: JitSpec, work: Path, ninja_file: Path) -> None:
                 sys.stderr.write(line)
     if proc.returncode != 0:
         raise JitError(
-            f"building {spec.name} failed (ninja exit {proc.returncode}); build dir {work}; "
-            f"last compiler output:\n{''.join(tail)}"
+            f"building {spec.name} failed (ninja exit {proc.returncode}); build dir {work} "
+            f"(kept until the next build); last compiler output:\n{''.join(tail)}"
         )
 
 

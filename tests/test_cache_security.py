@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -298,6 +299,22 @@ def test_cubin_cache_dirs_are_created_0700(fake_cubin_sources, tmp_path):
         assert mode(p) == 0o700, f"{p}: {oct(mode(p))}"
 
 
+def test_cubin_cache_temp_files_of_a_killed_writer_are_removed(fake_cubin_sources, tmp_path):
+    # A process killed inside _write_atomic leaves its mkstemp file; the next build (under the
+    # lock, the entry being incomplete) removes it.
+    no_store = tmp_path / "no_store"
+    no_store.mkdir()
+    cache_root = tmp_path / "cache" / "cubins" / cubins.source_hash(FAKE_UNSHIPPED_ARCH)[:16]
+    (cache_root / FAKE_UNSHIPPED_ARCH).mkdir(parents=True, mode=0o700)
+    cache_root.parent.chmod(0o700)
+    stale = [cache_root / ".manifest.json.k1ll3d", cache_root / FAKE_UNSHIPPED_ARCH / ".x.cubin.k1ll3d"]
+    for path in stale:
+        path.write_bytes(b"half a file")
+    cubins.verified_cubin(FAKE_UNSHIPPED_ARCH, root=no_store)
+    assert [p for p in stale if p.exists()] == []
+    assert cubins.check_manifest(cache_root) == []
+
+
 def test_cubin_cache_dir_of_another_user_is_refused(fake_cubin_sources, tmp_path):
     no_store = tmp_path / "no_store"
     no_store.mkdir()
@@ -356,7 +373,7 @@ def test_build_sigkilled_mid_compile_does_not_block_the_next(probe, monkeypatch)
     assert jit.build_and_load(probe).add_one(41) == 42
     assert builds(probe) == 1  # the killed build never finished, so it never logged
     # Its files are gone; the folder itself may stay when its surviving compiler wrote into it
-    # during the removal (the next clean takes it).
+    # during both removals (at the build's start and after its stamp).
     assert not (killed_dir / "build.ninja").exists(), "the next build cleans the killed build's dir"
 
 
@@ -367,13 +384,14 @@ def test_build_sigkilled_mid_compile_does_not_block_the_next(probe, monkeypatch)
 #   folder is gone) and then says it is done in $ORPHAN_DIR/wrote.
 # - ORPHAN_DIR unset, linking (-shared): lets the orphan go and waits until it is done.
 # Every wait gives up after 60 s, so a broken premise fails the test instead of hanging it.
+# {real}: the real nvcc, shell-quoted.
 FAKE_NVCC = """#!/bin/sh
 wait_for() {{ n=0; while [ ! -e "$1" ] && [ $n -lt 6000 ]; do sleep 0.01; n=$((n+1)); done; }}
 out=""; prev=""
 for a in "$@"; do [ "$prev" = "-o" ] && out="$a"; prev="$a"; done
 if [ -n "$ORPHAN_DIR" ] && [ "$1" = "-std=c++17" ]; then
     exec >/dev/null 2>&1  # ninja's pipe dies with ninja; a quiet compiler never writes to it
-    echo $$ > "$ORPHAN_DIR/pid"
+    echo $$ > "$ORPHAN_DIR/pid.tmp" && mv "$ORPHAN_DIR/pid.tmp" "$ORPHAN_DIR/pid"  # whole or absent
     wait_for "$ORPHAN_DIR/go"
     cat /dev/null > "$out" 2>/dev/null
     touch "$ORPHAN_DIR/wrote"
@@ -397,7 +415,7 @@ def test_compiler_of_a_killed_build_cannot_reach_the_next(probe, tmp_path, monke
     fake_home = tmp_path / "fake_cuda"
     (fake_home / "bin").mkdir(parents=True)
     nvcc = fake_home / "bin" / "nvcc"
-    nvcc.write_text(FAKE_NVCC.format(orphan_dir=orphan_dir, real=env.nvcc_path()))
+    nvcc.write_text(FAKE_NVCC.format(orphan_dir=orphan_dir, real=shlex.quote(str(env.nvcc_path()))))
     nvcc.chmod(0o755)
     monkeypatch.setenv("CUDA_HOME", str(fake_home))
     env.cuda_home.cache_clear()
@@ -409,6 +427,7 @@ def test_compiler_of_a_killed_build_cannot_reach_the_next(probe, tmp_path, monke
     wait_for_build_dir(child, mdir)
     deadline = time.monotonic() + 60
     while not (orphan_dir / "pid").exists():
+        assert child.poll() is None, f"child exited early:\n{child.communicate()[1]}"
         assert time.monotonic() < deadline, "the child's compiler did not start in 60 s"
         time.sleep(0.005)
     sigkill(child)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -318,7 +319,10 @@ def test_compile_error_shows_compiler_output_and_build_dir(probe):
     with pytest.raises(JitError) as info:
         jit.build_and_load(probe)
     message = str(info.value)
-    assert str(jit.module_dir(probe)) in message
+    # The failed build's own dir, kept for a look: its build.ninja holds the commands.
+    m = re.search(re.escape(str(jit.module_dir(probe))) + r"/build-\w+", message)
+    assert m, message
+    assert (Path(m[0]) / "build.ninja").is_file()
     assert "jit_probe.cu" in message and "error" in message
     assert not (jit.module_dir(probe) / "done").exists()
     assert builds(probe) == 0
