@@ -291,7 +291,7 @@ def _clean(mdir: Path) -> None:
             # removal is left for the next clean.
             shutil.rmtree(entry, ignore_errors=True)
         else:
-            entry.unlink()
+            entry.unlink(missing_ok=True)  # filelock's short-lived probe files come and go
 
 
 def _ninja_text(spec: JitSpec, work: Path, linked_so: Path) -> str:
