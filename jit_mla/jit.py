@@ -288,7 +288,7 @@ def _clean(mdir: Path) -> None:
             continue
         if entry.is_dir() and not entry.is_symlink():
             # A killed build's compiler may still be writing in there; what it adds after the
-            # removal is left for the next clean.
+            # removal is left for the sweep after this build's stamp.
             shutil.rmtree(entry, ignore_errors=True)
         else:
             entry.unlink(missing_ok=True)  # filelock's short-lived probe files come and go
