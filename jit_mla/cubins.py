@@ -365,7 +365,7 @@ def _function_symbols(data: bytes) -> set[str]:
 
 def _write_atomic(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")  # _remove_write_leftovers
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -376,6 +376,14 @@ def _write_atomic(path: Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _remove_write_leftovers(root: Path) -> None:
+    """The temp files (.<name>.XXXX) of processes killed inside _write_atomic, in root (the
+    manifest's) and its arch dirs (the cubins'). Only under root's lock: nothing else writes then."""
+    for stale in [*root.glob(".*.*"), *root.glob("*/.*.*")]:
+        if stale.is_file() and not stale.is_symlink():
+            stale.unlink()
 
 
 # --------------------------------------------------------------------------------------------
@@ -471,11 +479,7 @@ def _cached_cubin(arch: str) -> bytes:
             data, problem = _check(arch, root, entry)
             if problem is None:
                 return data
-        # A process killed in _write_atomic leaves its temp file (.<name>.XXXX); under the lock
-        # nothing else writes here, so any such file is stale.
-        for stale in [*root.glob(".*.*"), *root.glob("*/.*.*")]:  # the manifest's, a cubin's
-            if stale.is_file() and not stale.is_symlink():
-                stale.unlink()
+        _remove_write_leftovers(root)
         start = time.monotonic()
         entry = build_cubins([arch], root)["cubins"][arch]
         logger.info(
