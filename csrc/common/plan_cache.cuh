@@ -92,10 +92,10 @@ __device__ __forceinline__ void publish_plan(const MlaParams& p) {
 // phase adds 2^31 in all (CTA 0 adds 2^31 - (grid - 1), the others 1): with the low 31 bits at
 // zero when it starts (every phase, ours or the grid barrier's, leaves them so), its top bit flips
 // at the last arrival. Calls with splits never arrive here (only at the merge's grid barrier).
-// The arrival is a release after the CTA's barrier that consumed its check's loads, the wait an
-// acquire: a CTA's check is done before the publisher writes.
-__device__ __forceinline__ unsigned* grid_barrier_word() {
-  return &cooperative_groups::details::get_grid_workspace()->barrier;
+// Arrival: a release after the barrier that consumed the CTA's check; the wait: an acquire. The
+// `.global` ops take the word's global-space address (cvta.to.global of the driver's pointer).
+__device__ __forceinline__ size_t grid_barrier_word() {
+  return __cvta_generic_to_global(&cooperative_groups::details::get_grid_workspace()->barrier);
 }
 __device__ __forceinline__ unsigned grid_phase_share() {
   return blockIdx.x == 0 ? 0x80000000u - (gridDim.x - 1) : 1u;
@@ -115,7 +115,7 @@ __device__ __forceinline__ void unsplit_arrive(const MlaParams& p) {
 // for every other CTA's arrival.
 __device__ __forceinline__ void unsplit_arrive_and_wait() {
   if (threadIdx.x == 0) {
-    unsigned* word = grid_barrier_word();
+    const size_t word = grid_barrier_word();
     unsigned old, now;
     asm volatile("atom.add.release.gpu.global.u32 %0, [%1], %2;" : "=r"(old) : "l"(word), "r"(grid_phase_share())
                  : "memory");
