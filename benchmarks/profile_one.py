@@ -7,6 +7,9 @@ FlashInfer's fa3 MLA on a benchmark row instead (its data and plan as bench_mla.
 
     ncu --kernel-name-base demangled --kernel-name regex:flashinfer --launch-skip 2 \\
         --launch-count 1 python benchmarks/profile_one.py --flashinfer-row 4 --calls 4
+
+FlashMLA's sm90 dense decode likewise (`--flashmla-row INDEX`: flashmla_side.py's library, its
+schedule made once before the calls; kernel regex:flash_fwd_splitkv_mla).
 """
 
 from __future__ import annotations
@@ -53,17 +56,29 @@ def uniform_call(b: int, q_len: int, h: int, kv: int, page: int = 64, dev: str =
     )
 
 
-def flashinfer_row(index: int, calls: int) -> None:
-    """`calls` eager calls of FlashInfer's fa3 wrapper on bench_mla.py's row `index` (one page set)."""
-    import flashinfer.mla as fi_mla
-
+def competitor_row(which: str, index: int, calls: int) -> None:
+    """`calls` eager calls of FlashInfer's fa3 wrapper (which "flashinfer") or FlashMLA's dense
+    decode ("flashmla") on bench_mla.py's row `index` (one page set, data as the benchmark makes it)."""
     import bench_mla
 
     shape = bench_mla.shape_table()[index]
     bench = bench_mla.Bench(quick=True)
     data = bench.shape_data(shape, 1)
-    ws = torch.empty(bench_mla.FLASHINFER_WORKSPACE_BYTES, dtype=torch.uint8, device=bench.dev)
-    (call,), _ = bench.flashinfer_calls(fi_mla, shape, data, ws)
+    if which == "flashinfer":
+        import flashinfer.mla as fi_mla
+
+        ws = torch.empty(bench_mla.FLASHINFER_WORKSPACE_BYTES, dtype=torch.uint8, device=bench.dev)
+        (call,), _ = bench.flashinfer_calls(fi_mla, shape, data, ws)
+    else:
+        import flashmla_side
+
+        lib, why = flashmla_side.load()
+        if lib is None:
+            raise SystemExit(why)
+        if (na := flashmla_side.not_applicable(shape)) is not None:
+            raise SystemExit(f"row {index}: {na}")
+        sms = torch.cuda.get_device_properties(bench.dev).multi_processor_count
+        (call,), _ = flashmla_side.calls(lib, shape, data, sms, bench_mla.SM_SCALE)
     for _ in range(calls):
         call()
 
@@ -77,11 +92,14 @@ def main() -> None:
     ap.add_argument("--fp8-query", action="store_true", help="the query in float8_e4m3fn too (implies --fp8)")
     ap.add_argument("--flashinfer-row", type=int, metavar="INDEX",
                     help="run FlashInfer's fa3 MLA on bench_mla.py's row INDEX instead (--shape ignored)")
+    ap.add_argument("--flashmla-row", type=int, metavar="INDEX",
+                    help="run FlashMLA's dense decode on bench_mla.py's row INDEX instead (--shape ignored)")
     args = ap.parse_args()
-    if args.flashinfer_row is not None:
-        flashinfer_row(args.flashinfer_row, args.calls)
-        torch.cuda.synchronize()
-        return
+    for which, index in (("flashinfer", args.flashinfer_row), ("flashmla", args.flashmla_row)):
+        if index is not None:
+            competitor_row(which, index, args.calls)
+            torch.cuda.synchronize()
+            return
     b, q_len, h, kv = (int(x) for x in args.shape.split(","))
     call = uniform_call(b, q_len, h, kv, args.page, fp8=args.fp8 or args.fp8_query, fp8_query=args.fp8_query)
     for _ in range(args.calls):
