@@ -12,8 +12,9 @@ rows compare per-clock rates only. On the H200 (after `source .gpu-wheels/activa
 profile_one.py's data for the row's shape, the competitors on bench_mla.py's data for the row
 (both random pages, one page set); the matmul is cuBLAS's 8192^3 bf16 (torch.mm). Prints, per
 kernel: duration and cycles, the useful bf16 FLOPs per SM per clock (the row's formula, or
-2 n^3, over 132 SMs and the elapsed cycles), the tensor pipe's and the shared pipe's active
-share, and shared-memory wavefronts per clock (all, and those of GMMA operand reads). A
+2 n^3, over the SMs and the elapsed cycles), the tensor pipe's active share, and shared-memory
+wavefronts per SM per clock (all, and those of GMMA operand reads). (ncu's "shared pipe" is the
+FP16 + tensor pipe, not shared memory: on these kernels it reads as the tensor pipe does.) A
 kernel that ncu could not profile reads n/a (its log is under --out).
 """
 
@@ -32,7 +33,6 @@ METRICS = {
     "ns": "gpu__time_duration.sum",
     "cycles": "sm__cycles_elapsed.avg",
     "tensor %": "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_elapsed",
-    "shared pipe %": "sm__pipe_shared_cycles_active.avg.pct_of_peak_sustained_elapsed",
     "smem wavefronts": "l1tex__data_pipe_lsu_wavefronts_mem_shared.sum",
     "gmma wavefronts": "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_gmma.sum",
     "gmma conflicts": "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_gmma.sum",
@@ -65,6 +65,10 @@ def parse_metrics(stdout: str) -> Optional[dict]:
     return {key: by_metric.get(metric) for key, metric in METRICS.items()}
 
 
+def _fmt(v: Optional[float], spec: str = "{:.1f}") -> str:
+    return "n/a" if v is None else spec.format(v)
+
+
 def row_flops(index: int) -> tuple[str, float]:
     """bench_mla.py row `index`: its B,Q_LEN,H,KV string and its FLOPs (the benchmark's formula)."""
     sys.path.insert(0, str(HERE))
@@ -79,7 +83,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--row", type=int, default=1, help="bench_mla.py row index (uniform, bf16)")
     ap.add_argument("--out", type=Path, default=Path("/tmp/ncu_rates"), help="ncu logs")
-    ap.add_argument("--sms", type=int, default=132)
+    ap.add_argument("--sms", type=int, default=132, help="the GPU's SM count (H200: 132)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     shape, flops = row_flops(args.row)
@@ -92,19 +96,18 @@ def main() -> None:
          2.0 * MATMUL_N ** 3),
     ]
     print(f"row {args.row} (B,Q_LEN,H,KV {shape}), ncu at the base clock, one launch each")
-    print("| kernel | µs | cycles | FLOP / SM / clk | tensor % | shared pipe % | smem wf / clk | gmma wf / clk | gmma conflicts | dram % |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| kernel | µs | cycles | FLOP / SM / clk | tensor % | smem wf / clk | gmma wf / clk | gmma conflicts | dram % |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name, regex, skip, cmd, useful in runs:
         m = ncu_metrics(name.split()[0], regex, skip, cmd, args.out)
         if m is None or not m["cycles"]:
             print(f"| {name} | n/a (see {args.out}/{name.split()[0]}.log) |")
             continue
-        cyc = m["cycles"]
-        fmt = lambda v, f="{:.1f}": "n/a" if v is None else f.format(v)  # noqa: E731
-        per_clk = lambda v: None if v is None else v / args.sms / cyc  # noqa: E731
-        print(f"| {name} | {fmt(m['ns'] and m['ns'] / 1e3)} | {cyc:,.0f} | {useful / args.sms / cyc:,.0f} | {fmt(m['tensor %'])} | "
-              f"{fmt(m['shared pipe %'])} | {fmt(per_clk(m['smem wavefronts']), '{:.3f}')} | "
-              f"{fmt(per_clk(m['gmma wavefronts']), '{:.3f}')} | {fmt(m['gmma conflicts'], '{:,.0f}')} | {fmt(m['dram %'])} |")
+        per_sm_clk = m["cycles"] * args.sms  # SM-cycles of the launch
+        wf = [None if m[k] is None else m[k] / per_sm_clk for k in ("smem wavefronts", "gmma wavefronts")]
+        print(f"| {name} | {_fmt(m['ns'] and m['ns'] / 1e3)} | {m['cycles']:,.0f} | {useful / per_sm_clk:,.0f} | "
+              f"{_fmt(m['tensor %'])} | {_fmt(wf[0], '{:.3f}')} | {_fmt(wf[1], '{:.3f}')} | "
+              f"{_fmt(m['gmma conflicts'], '{:,.0f}')} | {_fmt(m['dram %'])} |")
 
 
 if __name__ == "__main__":
