@@ -963,6 +963,13 @@ class Bench:
             peak = max(peak, float(a.float().abs().max()))
         return {"max_abs_diff": diff, "max_abs_out": peak, "suspect": diff > tol + tol * peak}
 
+    def flashmla_calls(self, fm_lib, shape: Shape, data: dict) -> tuple[list[Callable[[], object]], list]:
+        """FlashMLA's schedule for the shape on this GPU's SMs, then a call per slab (flashmla_side.py)."""
+        import flashmla_side
+
+        sms = self.torch.cuda.get_device_properties(self.dev).multi_processor_count
+        return flashmla_side.calls(fm_lib, shape, data, sms, SM_SCALE)
+
     def run_flashmla(self, row: dict, shape: Shape, data: dict, fm_lib, fm_reason: Optional[str]) -> None:
         """FlashMLA's column (flashmla_side.py): bf16 cache, uniform q_len."""
         import flashmla_side
@@ -975,8 +982,7 @@ class Bench:
             row["flashmla"] = {"na": why}
             return
         try:
-            sms = self.torch.cuda.get_device_properties(self.dev).multi_processor_count
-            fm_calls, fm_outs = flashmla_side.calls(fm_lib, shape, data, sms, SM_SCALE)
+            fm_calls, fm_outs = self.flashmla_calls(fm_lib, shape, data)
         except Exception as e:  # noqa: BLE001 - a failure is this row's result, not the run's
             row["flashmla"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
             return

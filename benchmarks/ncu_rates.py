@@ -99,9 +99,10 @@ def main() -> None:
     print("| kernel | µs | cycles | FLOP / SM / clk | tensor % | smem wf / clk | gmma wf / clk | gmma conflicts | dram % |")
     print("|---|---|---|---|---|---|---|---|---|")
     for name, regex, skip, cmd, useful in runs:
-        m = ncu_metrics(name.split()[0], regex, skip, cmd, args.out)
+        log = name.split()[0]
+        m = ncu_metrics(log, regex, skip, cmd, args.out)
         if m is None or not m["cycles"]:
-            print(f"| {name} | n/a (see {args.out}/{name.split()[0]}.log) |")
+            print(f"| {name} | n/a (see {args.out}/{log}.log) |")
             continue
         per_sm_clk = m["cycles"] * args.sms  # SM-cycles of the launch
         wf = [None if m[k] is None else m[k] / per_sm_clk for k in ("smem wavefronts", "gmma wavefronts")]

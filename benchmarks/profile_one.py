@@ -77,8 +77,7 @@ def competitor_row(which: str, index: int, calls: int) -> None:
             raise SystemExit(why)
         if (na := flashmla_side.not_applicable(shape)) is not None:
             raise SystemExit(f"row {index}: {na}")
-        sms = torch.cuda.get_device_properties(bench.dev).multi_processor_count
-        (call,), _ = flashmla_side.calls(lib, shape, data, sms, bench_mla.SM_SCALE)
+        (call,), _ = bench.flashmla_calls(lib, shape, data)
     for _ in range(calls):
         call()
 
