@@ -1,0 +1,215 @@
+// Do bulk copies landing in shared memory slow the seesaw's wgmmas down? The question behind
+// issue 4's H 128 rows (perf-notes Session 48).
+//
+// Per block pair the seesaw reads 3,456 wavefronts of 128 B as GMMA operands (QK^T m64n64k16 SS:
+// 32 per 32-cycle wgmma, i.e. all of shared memory's 128 B per clock; PV m64n256k16: 64 per RS
+// and 80 per SS wgmma of 128 cycles) against 4,352 tensor cycles, and its refills write 144 KiB
+// (1,152 wavefronts) into the stages. If those writes take the same port as the operand reads,
+// the pair needs ~4,900 port cycles: a ceiling of ~89% tensor busy, and QK^T runs below its
+// dense rate whenever a refill lands under it.
+//
+// One CTA per SM: warpgroups 0 and 1 issue wgmmas on operands in [0, 144 KiB) (content: whatever
+// shared memory holds; only time counts), warp 8 streams 8 KiB bulk copies from an L2-resident
+// global buffer into [144, 216) KiB, `inflight` chunks outstanding, until the warpgroups are done.
+// Math modes, per warpgroup iteration (then commit and wait):
+//   qk    36 m64n64k16 SS          (QK^T of one block: 1,152 tensor cycles)
+//   pvrs  4 m64n256k16 RS, B^T      (PV from registers: 512)
+//   pvss  4 m64n256k16 SS, B^T      (PV of the other warpgroup's P: 512)
+//   pair  36 qk + 4 pvrs + 4 pvss   (one warpgroup's share of a pair: 2,176)
+// Prints per mode and copy setting: cycles per iteration per SM (both warpgroups) against the
+// tensor ideal, and the copies' bytes per clock per SM over the same window.
+//   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Icsrc -o /tmp/smem_share \
+//       benchmarks/smem_share.cu && /tmp/smem_share
+#include <cstdint>
+#include <cstdio>
+#include <cuda_runtime.h>
+
+#include "sm90/tma.cuh"    // mbarrier wrappers
+#include "sm90/wgmma.cuh"  // the kernels' wgmma wrappers and descriptors
+
+namespace {
+
+using namespace jit_mla::sm90;
+
+constexpr int kIters = 400;                // iterations per warpgroup
+constexpr int kChunk = 8192;               // one KV box
+constexpr int kCopyBase = 144 * 1024;      // copy destination: 9 chunks
+constexpr int kSlots = 9;
+constexpr int kSmemBytes = kCopyBase + kSlots * kChunk + 1024;
+constexpr int kSrcChunks = 64;             // source: 512 KiB, L2-resident after the warm-up
+
+enum Math { kNone = 0, kQk = 1, kPvRs = 2, kPvSs = 3, kPair = 4 };
+const char* const kMathNames[] = {"none", "qk", "pvrs", "pvss", "pair"};
+const int kIdeal[] = {0, 1152, 512, 512, 2176};  // tensor cycles per iteration per warpgroup
+
+__device__ __forceinline__ uint32_t su32(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, int bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar) : "memory");
+}
+
+template <int MATH>
+__device__ __forceinline__ void math_iter(float (&s)[32], float (&o)[128], const uint32_t (&a)[4], uint32_t base, int wg) {
+  const uint64_t dq = make_smem_desc(base, 16, 1024), dk = make_smem_desc(base + 72 * 1024, 16, 1024);
+  const uint64_t dp = make_smem_desc(base + 64 * 1024, 16, 1024);
+  const uint64_t dv = make_smem_desc(base + 72 * 1024 + wg * 32 * 1024, kChunk, 1024);
+  wgmma_fence();
+  // pair: QK^T accumulates into O's first 32 registers (the values mean nothing), so the
+  // warpgroup fits the 168 registers of a 288-thread CTA without serialized wgmmas.
+  float(&sacc)[32] = MATH == kPair ? *reinterpret_cast<float(*)[32]>(&o[0]) : s;
+  if (MATH == kQk || MATH == kPair) {
+#pragma unroll
+    for (int kk = 0; kk < 36; ++kk) {
+      const uint32_t off = (kk / 4) * kChunk + (kk % 4) * 32;
+      wgmma_m64n64k16_ss(sacc, desc_add(dq, off), desc_add(dk, off), 1);
+    }
+  }
+  if (MATH == kPvRs || MATH == kPair) {
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) wgmma_m64n256k16_rs_tnspb(o, a, desc_add(dv, kk * 16 * 128), 1);
+  }
+  if (MATH == kPvSs || MATH == kPair) {
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) wgmma_m64n256k16_ss_tnspb(o, desc_add(dp, kk * 32), desc_add(dv, kk * 16 * 128), 1);
+  }
+  wgmma_commit();
+  wgmma_wait<0>();
+  fence_regs(s);
+  fence_regs(o);
+}
+
+// cyc[3 * cta + {0, 1}]: each warpgroup's cycles; cyc[3 * cta + 2]: bytes copied in the window.
+template <int MATH>
+__global__ void __launch_bounds__(288) bench(const uint8_t* src, int copy, int inflight, float* out, long long* cyc) {
+  extern __shared__ __align__(1024) uint8_t smem[];
+  __shared__ uint64_t bar[kSlots];
+  __shared__ volatile int done;
+  const uint32_t base = (su32(smem) + 1023) & ~1023u;
+  const int warp = threadIdx.x / 32, wg = threadIdx.x / 128;
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < kSlots; ++i) mbar_init(su32(&bar[i]), 1);
+    fence_mbar_init();
+    done = 0;
+  }
+  __syncthreads();
+  if (warp == 8) {
+    if ((threadIdx.x & 31) != 0) return;
+    if (!copy) {
+      cyc[3 * blockIdx.x + 2] = 0;
+      return;
+    }
+    // Copier: slot i % 9 is reused once its previous chunk landed; at most `inflight` out.
+    const uint8_t* region = src + (long long)(blockIdx.x % 8) * kSrcChunks * kChunk;
+    long long issued = 0, landed = 0, landed_at_done = -1;
+    const long long t0 = clock64();
+    while (true) {
+      if (landed_at_done < 0 && done) landed_at_done = landed;
+      if (landed_at_done >= 0 && landed == issued) break;
+      if (landed_at_done < 0 && issued - landed < inflight) {
+        const int slot = (int)(issued % kSlots);
+        const uint32_t b = su32(&bar[slot]);
+        mbar_arrive_expect_tx(b, kChunk);
+        bulk_load(base + kCopyBase + slot * kChunk, region + (issued % kSrcChunks) * kChunk, kChunk, b);
+        ++issued;
+      } else {
+        const int slot = (int)(landed % kSlots);
+        mbar_wait(su32(&bar[slot]), (uint32_t)((landed / kSlots) & 1));
+        ++landed;
+      }
+    }
+    if (MATH == kNone) landed_at_done = landed;
+    cyc[3 * blockIdx.x + 2] = landed_at_done * kChunk;
+    if (MATH == kNone) cyc[3 * blockIdx.x] = clock64() - t0;
+    return;
+  }
+  if constexpr (MATH == kNone) {
+    // Copies alone: run them for a fixed time.
+    if (threadIdx.x == 0) {
+      const long long t0 = clock64();
+      while (clock64() - t0 < 2000000) {
+      }
+      done = 1;
+    }
+  } else {
+    float s[32], o[128];
+#pragma unroll
+    for (int i = 0; i < 32; ++i) s[i] = 0.f;
+#pragma unroll
+    for (int i = 0; i < 128; ++i) o[i] = 0.f;
+    const uint32_t a[4] = {threadIdx.x, threadIdx.x * 3u, threadIdx.x * 5u, threadIdx.x * 7u};
+    asm volatile("bar.sync 1, 256;" ::: "memory");
+    const long long t0 = clock64();
+    for (int it = 0; it < kIters; ++it) math_iter<MATH>(s, o, a, base, wg);
+    const long long t1 = clock64();
+    asm volatile("bar.sync 1, 256;" ::: "memory");
+    if (threadIdx.x == 0) done = 1;
+    float x = 0.f;
+#pragma unroll
+    for (int i = 0; i < 32; ++i) x += s[i];
+#pragma unroll
+    for (int i = 0; i < 128; ++i) x += o[i];
+    out[blockIdx.x * 256 + threadIdx.x] = x;
+    if (threadIdx.x % 128 == 0) cyc[3 * blockIdx.x + wg] = t1 - t0;
+  }
+}
+
+template <int MATH>
+void run(int sms, const uint8_t* src, int copy, int inflight, float* out, long long* cyc) {
+  auto k = bench<MATH>;
+  cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  for (int rep = 0; rep < 2; ++rep) k<<<sms, 288, kSmemBytes>>>(src, copy, inflight, out, cyc);  // warm-up, then timed
+  if (cudaDeviceSynchronize() != cudaSuccess) {
+    printf("%s: %s\n", kMathNames[MATH], cudaGetErrorString(cudaGetLastError()));
+    return;
+  }
+  long long h[3 * 132] = {};
+  cudaMemcpy(h, cyc, sizeof(long long) * 3 * sms, cudaMemcpyDeviceToHost);
+  // Median CTA by cycles of warpgroup 0.
+  double cyc_sum = 0, bytes_sum = 0, worst = 0;
+  for (int i = 0; i < sms; ++i) {
+    const double c = MATH == kNone ? h[3 * i] : (h[3 * i] > h[3 * i + 1] ? h[3 * i] : h[3 * i + 1]);
+    cyc_sum += c;
+    bytes_sum += h[3 * i + 2];
+    worst = c > worst ? c : worst;
+  }
+  const double c = cyc_sum / sms, bpc = bytes_sum / sms / c;
+  if (MATH == kNone) {
+    printf("%-5s copies (%d in flight)                     : %5.1f B/clk per SM\n", kMathNames[MATH], inflight, bpc);
+    return;
+  }
+  const double per_iter = c / kIters / 2;  // both warpgroups share the SM's tensor pipe
+  const double gmma_wf = MATH == kQk ? 36 * 32 : MATH == kPvRs ? 4 * 64 : MATH == kPvSs ? 4 * 80 : 36 * 32 + 4 * 64 + 4 * 80;
+  printf("%-5s copies %s (%d in flight): %7.1f cyc/iter/SM (ideal %4d, tensor %5.1f%%, worst CTA %5.1f%%), "
+         "copies %5.1f B/clk, gmma %4.2f + copy %4.2f = %4.2f wf/clk\n",
+         kMathNames[MATH], copy ? "on " : "off", inflight, per_iter, kIdeal[MATH], 100.0 * kIdeal[MATH] / per_iter,
+         100.0 * kIdeal[MATH] * kIters * 2 / worst, bpc, gmma_wf / per_iter, bpc / 128, gmma_wf / per_iter + bpc / 128);
+}
+
+template <int MATH>
+void sweep(int sms, const uint8_t* src, float* out, long long* cyc) {
+  run<MATH>(sms, src, 0, 1, out, cyc);
+  for (int inflight : {1, 2, 4, 9}) run<MATH>(sms, src, 1, inflight, out, cyc);
+}
+
+}  // namespace
+
+int main() {
+  int sms = 0;
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+  sms = sms > 132 ? 132 : sms;
+  uint8_t* src;
+  float* out;
+  long long* cyc;
+  cudaMalloc(&src, 8LL * kSrcChunks * kChunk);
+  cudaMemset(src, 0x3c, 8LL * kSrcChunks * kChunk);
+  cudaMalloc(&out, sizeof(float) * 256 * 132);
+  cudaMalloc(&cyc, sizeof(long long) * 3 * 132);
+  cudaMemset(cyc, 0, sizeof(long long) * 3 * 132);
+  for (int inflight : {1, 2, 4, 9}) run<kNone>(sms, src, 1, inflight, out, cyc);
+  sweep<kQk>(sms, src, out, cyc);
+  sweep<kPvRs>(sms, src, out, cyc);
+  sweep<kPvSs>(sms, src, out, cyc);
+  sweep<kPair>(sms, src, out, cyc);
+  return 0;
+}
