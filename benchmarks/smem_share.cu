@@ -27,8 +27,9 @@
 // pvrs 512 -> 549-567; pvss 512 -> 550-561; pair 2,177 -> 2,352-2,387 at 6.1-7.8 B/clk), also
 // where the wgmmas read only half of shared memory's bandwidth (pvrs: 0.50 wavefronts per
 // clock). The copies alone land only 9-12 B/clk per SM here (tma_ingest's stages: 36 from L2),
-// and cuBLAS's matmul lands ~41 B/clk at 92% of the dense rate: open, see perf-notes.
-// Outputs: benchmarks/results/smem_share-20261203.txt.
+// and cuBLAS's matmul lands 42.4 B/clk at 93.65% tensor busy while reading 0.94 GMMA wavefronts
+// per clock (ncu): landing need not cost read cycles. Open, see perf-notes Session 48.
+// Outputs and the ncu counters: benchmarks/results/smem_share-20261203.txt.
 #include <cstdint>
 #include <cstdio>
 #include <cuda_runtime.h>
