@@ -1,7 +1,8 @@
 // PTX helpers shared by the standalone cluster microbenchmarks (dsmem_exchange.cu,
-// tma_ingest.cu, cluster_merge.cu; all build with -I csrc): a CTA's rank and its partner's addresses in a
-// cluster, the cluster barrier, an mbarrier wait that acquires at cluster scope, and on the host
-// the cluster launch attribute, a (cooperative) cluster launch and the resident cluster count.
+// tma_ingest.cu, cluster_merge.cu, smem_share.cu; all build with -I csrc): a CTA's rank and its
+// partner's addresses in a cluster, the cluster barrier, an mbarrier wait that acquires at cluster
+// scope, bulk copies (unicast and multicast), and on the host the cluster launch attribute, a
+// (cooperative) cluster launch and the resident cluster count.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -76,4 +77,18 @@ __device__ __forceinline__ void wait_cluster(uint32_t bar, uint32_t parity) {
       "{\n.reg .pred done;\nW_%=:\n"
       "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
       "@!done bra W_%=;\n}\n" ::"r"(bar), "r"(parity) : "memory");
+}
+
+// Contiguous bulk copy of `bytes` from global memory into this CTA's shared memory at dst,
+// completing on mbarrier bar (tma_ingest.cu, smem_share.cu); the multicast form lands it in every
+// CTA of `mask` at the same offset.
+__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, int bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar) : "memory");
+}
+__device__ __forceinline__ void bulk_load_multicast(uint32_t dst, const void* src, int bytes, uint32_t bar,
+                                                    uint16_t mask) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1], %2, [%3], %4;" ::
+          "r"(dst), "l"(src), "r"(bytes), "r"(bar), "h"(mask) : "memory");
 }

@@ -34,7 +34,8 @@
 #include <cstdio>
 #include <cuda_runtime.h>
 
-#include "kv_map.cuh"      // the kernels' KV tensor map
+#include "cluster_ptx.cuh"  // bulk_load, smem_u32
+#include "kv_map.cuh"       // the kernels' KV tensor map
 #include "sm90/tma.cuh"    // mbarrier, TMA and L2-policy wrappers
 #include "sm90/wgmma.cuh"  // the kernels' wgmma wrappers and descriptors
 
@@ -59,13 +60,7 @@ const char* const kCopyNames[] = {"off", "bulk L2", "tmap L2", "tmap DRAM", "tma
 enum Math { kNone = 0, kQk = 1, kPvRs = 2, kPvSs = 3, kPair = 4 };
 const char* const kMathNames[] = {"none", "qk", "pvrs", "pvss", "pair"};
 const int kIdeal[] = {0, 1152, 512, 512, 2176};  // tensor cycles per iteration per warpgroup
-
-__device__ __forceinline__ uint32_t su32(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
-
-__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, int bytes, uint32_t bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
-               "l"(src), "r"(bytes), "r"(bar) : "memory");
-}
+const int kGmmaWf[] = {0, 36 * 32, 4 * 64, 4 * 80, 36 * 32 + 4 * 64 + 4 * 80};  // its GMMA reads, 128 B each
 
 template <int MATH>
 __device__ __forceinline__ void math_iter(float (&s)[32], float (&o)[128], const uint32_t (&a)[4], uint32_t base, int wg) {
@@ -106,10 +101,10 @@ __global__ void __launch_bounds__(288) bench(const uint8_t* src, const __grid_co
   extern __shared__ __align__(1024) uint8_t smem[];
   __shared__ uint64_t bar[kSlots];
   __shared__ volatile int done;
-  const uint32_t base = (su32(smem) + 1023) & ~1023u;
+  const uint32_t base = (smem_u32(smem) + 1023) & ~1023u;
   const int warp = threadIdx.x / 32, wg = threadIdx.x / 128;
   if (threadIdx.x == 0) {
-    for (int i = 0; i < kSlots; ++i) mbar_init(su32(&bar[i]), 1);
+    for (int i = 0; i < kSlots; ++i) mbar_init(smem_u32(&bar[i]), 1);
     fence_mbar_init();
     done = 0;
   }
@@ -131,7 +126,7 @@ __global__ void __launch_bounds__(288) bench(const uint8_t* src, const __grid_co
       if (landed_at_done >= 0 && landed == issued) break;
       if (landed_at_done < 0 && issued - landed < inflight) {
         const int slot = (int)(issued % kSlots);
-        const uint32_t b = su32(&bar[slot]);
+        const uint32_t b = smem_u32(&bar[slot]);
         mbar_arrive_expect_tx(b, kChunk);
         const uint32_t dst = base + kCopyBase + slot * kChunk;
         if (copy == 1) {
@@ -143,7 +138,7 @@ __global__ void __launch_bounds__(288) bench(const uint8_t* src, const __grid_co
         ++issued;
       } else {
         const int slot = (int)(landed % kSlots);
-        const uint32_t b = su32(&bar[slot]), par = (uint32_t)((landed / kSlots) & 1);
+        const uint32_t b = smem_u32(&bar[slot]), par = (uint32_t)((landed / kSlots) & 1);
         if (copy_poll) {
           // Polled with test_wait and a sleep instead of a suspending try_wait.
           uint32_t ok = 0;
@@ -194,18 +189,21 @@ __global__ void __launch_bounds__(288) bench(const uint8_t* src, const __grid_co
   }
 }
 
+// One setting, printed; returns the cycles per iteration per SM (0 for copies alone or a failed
+// launch). alone: the same math mode's cycles without copies, which the cycles lost are against.
 template <int MATH>
-void run(int sms, const uint8_t* src, const CUtensorMap& tmap, int copy, int inflight, float* out, long long* cyc) {
+double run(int sms, const uint8_t* src, const CUtensorMap& tmap, int copy, int inflight, float* out, long long* cyc,
+           double alone = 0) {
   auto k = bench<MATH>;
   cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   for (int rep = 0; rep < 2; ++rep) k<<<sms, 288, kSmemBytes>>>(src, tmap, copy, inflight, out, cyc);  // warm-up, then timed
   if (cudaDeviceSynchronize() != cudaSuccess) {
     printf("%s: %s\n", kMathNames[MATH], cudaGetErrorString(cudaGetLastError()));
-    return;
+    return 0;
   }
   long long h[3 * 132] = {};
   cudaMemcpy(h, cyc, sizeof(long long) * 3 * sms, cudaMemcpyDeviceToHost);
-  // Median CTA by cycles of warpgroup 0.
+  // Mean over the CTAs of the slower warpgroup's cycles (copies alone: the copier's).
   double cyc_sum = 0, bytes_sum = 0, worst = 0;
   for (int i = 0; i < sms; ++i) {
     const double c = MATH == kNone ? h[3 * i] : (h[3 * i] > h[3 * i + 1] ? h[3 * i] : h[3 * i + 1]);
@@ -216,27 +214,25 @@ void run(int sms, const uint8_t* src, const CUtensorMap& tmap, int copy, int inf
   const double c = cyc_sum / sms, bpc = bytes_sum / sms / c;
   if (MATH == kNone) {
     printf("none  copies %-9s (%d in flight): %5.1f B/clk per SM\n", kCopyNames[copy], inflight, bpc);
-    return;
+    return 0;
   }
   const double per_iter = c / kIters / 2;  // both warpgroups share the SM's tensor pipe
-  const double gmma_wf = MATH == kQk ? 36 * 32 : MATH == kPvRs ? 4 * 64 : MATH == kPvSs ? 4 * 80 : 36 * 32 + 4 * 64 + 4 * 80;
-  // Tensor cycles lost per 128-byte wavefront the copies wrote in the same time (against the
-  // run without copies, `alone`).
-  static double alone = 0;
-  if (!copy) alone = per_iter;
+  const double gmma_wf = kGmmaWf[MATH];
+  // Tensor cycles lost per 128-byte wavefront the copies wrote in the same time.
   const double written = bpc * per_iter / 128, lost = copy ? (per_iter - alone) / written : 0;
   printf("%-5s copies %-9s (%d in flight): %7.1f cyc/iter/SM (ideal %4d, tensor %5.1f%%, worst CTA %5.1f%%), "
          "copies %5.1f B/clk, gmma %4.2f + copy %4.2f = %4.2f wf/clk, %4.2f cycles lost per wf written\n",
          kMathNames[MATH], kCopyNames[copy], inflight, per_iter, kIdeal[MATH], 100.0 * kIdeal[MATH] / per_iter,
          100.0 * kIdeal[MATH] * kIters * 2 / worst, bpc, gmma_wf / per_iter, bpc / 128, gmma_wf / per_iter + bpc / 128,
          lost);
+  return per_iter;
 }
 
 template <int MATH>
 void sweep(int sms, const uint8_t* src, const CUtensorMap (&tmaps)[2], float* out, long long* cyc) {
-  run<MATH>(sms, src, tmaps[0], 0, 1, out, cyc);
+  const double alone = run<MATH>(sms, src, tmaps[0], 0, 1, out, cyc);
   for (int copy = 1; copy <= 4; ++copy)
-    for (int inflight : {2, 9, -9}) run<MATH>(sms, src, tmaps[copy == 4], copy, inflight, out, cyc);
+    for (int inflight : {2, 9, -9}) run<MATH>(sms, src, tmaps[copy == 4], copy, inflight, out, cyc, alone);
 }
 
 }  // namespace

@@ -67,16 +67,6 @@ __device__ __forceinline__ void arrive_cluster(uint32_t cluster_bar, bool cluste
   else
     asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(cluster_bar) : "memory");
 }
-__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, int bytes, uint32_t bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
-               "l"(src), "r"(bytes), "r"(bar) : "memory");
-}
-__device__ __forceinline__ void bulk_load_multicast(uint32_t dst, const void* src, int bytes, uint32_t bar,
-                                                    uint16_t mask) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1], %2, [%3], %4;" ::
-          "r"(dst), "l"(src), "r"(bytes), "r"(bar), "h"(mask) : "memory");
-}
 
 // fills: stage refills per CTA; region_blocks: blocks in this CTA's (or pair's) region, cycled.
 __global__ void __launch_bounds__(kThreads, 1) ingest(const uint8_t* kv, int mode, int stages, int fills,
