@@ -27,11 +27,31 @@ inline FastDiv make_fast_div(int64_t d) {
 
 #ifdef __CUDACC__
 // n / d for 0 <= n < 2^31.
+// The high word of (2n) mul is floor(n mul / 2^31) (2n < 2^32); shifted right by shift - 31 more
+// it is floor(n mul / 2^shift) (floors of successive shifts compose). One IMAD.HI, not a 64-bit
+// product: an IMAD.WIDE issued beside running wgmmas costs them ~15 tensor cycles each
+// (benchmarks/smem_share.cu, Session 49).
 __device__ __forceinline__ int fast_div(int n, const FastDiv& d) {
-  return static_cast<int>((static_cast<uint64_t>(static_cast<uint32_t>(n)) * d.mul) >> d.shift);
+  return static_cast<int>(__umulhi(static_cast<uint32_t>(n) << 1, d.mul) >> (d.shift - 31));
 }
 // n % d for 0 <= n < 2^31.
 __device__ __forceinline__ int fast_mod(int n, const FastDiv& d) { return n - fast_div(n, d) * d.d; }
+// The same, with a power of two (mul = 2^31: the usual page sizes) by a shift alone, no multiply
+// (an IMAD.HI costs running wgmmas ~9 cycles). The empty volatile asm keeps the multiply in its
+// branch: ptxas would otherwise compute both sides and select. For code beside wgmmas; elsewhere
+// the branch is not worth its registers (the narrow fp8 kernels spill more with it).
+__device__ __forceinline__ int fast_div_pow2(int n, const FastDiv& d) {
+  if (d.mul == 0x80000000u) return n >> (d.shift - 31);
+  int q = fast_div(n, d);
+  asm volatile("" : "+r"(q));
+  return q;
+}
+__device__ __forceinline__ int fast_mod_pow2(int n, const FastDiv& d) {
+  if (d.mul == 0x80000000u) return n & (d.d - 1);
+  int r = fast_mod(n, d);
+  asm volatile("" : "+r"(r));
+  return r;
+}
 #endif
 
 }  // namespace jit_mla

@@ -95,7 +95,10 @@ __device__ __forceinline__ float lazy_max(float m_old, float blk_max) {
 __device__ __forceinline__ int chunk_page(const MlaParams& p, const int* bt_row, int block, int chunk,
                                           int kv_len) {
   const int tok = block * kBlockN + chunk * p.kv_box_rows;
-  return tok < kv_len ? __ldg(bt_row + fast_div(tok, p.page_div)) : p.num_pages;
+  // The byte offset in 32 bits (TMA pages hold >= 8 tokens: index < 2^28): bt_row + index would
+  // be an IMAD.WIDE, ~15 cycles off the other warpgroup's running wgmmas (smem_share.cu).
+  const uint32_t off = static_cast<uint32_t>(fast_div_pow2(tok, p.page_div)) << 2;
+  return tok < kv_len ? __ldg(reinterpret_cast<const int*>(reinterpret_cast<const char*>(bt_row) + off)) : p.num_pages;
 }
 
 // Warp-collective: one half of KV block `block` -> a stage, by TMA. Half 0: boxes 0-3 (V columns
@@ -114,7 +117,7 @@ __device__ __forceinline__ void issue_kv_half(const MlaParams& p, uint32_t stage
   // kv_box_rows is 8, 16, 32 or 64: chunks per block by a shift, not a division.
   if (c >= 0 && c < (kBlockN >> (31 - __clz(p.kv_box_rows)))) {
     const int r0 = c * p.kv_box_rows;
-    const int row = fast_mod(block * kBlockN + r0, p.page_div);
+    const int row = fast_mod_pow2(block * kBlockN + r0, p.page_div);
     // KV is read by the m_group CTAs of a set close together in time and, but for kReread,
     // never again in this call: evict-first keeps Q, the block tables and the partner's
     // lines in L2 (measured: B64 kv8192 H16 202 -> 191 µs, B8 kv4096 H128 52 -> 49 µs).
