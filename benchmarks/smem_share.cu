@@ -1,35 +1,44 @@
-// Do copies landing in shared memory slow the seesaw's wgmmas down? The question behind issue
-// 4's H 128 rows (perf-notes Session 48).
+// What slows the seesaw's wgmmas down on an SM: copies landing in shared memory, or other warps'
+// instructions issued beside them? The question behind issue 4's H 128 rows (perf-notes
+// Sessions 48-49).
 //
 // Per block pair the seesaw reads 3,456 wavefronts of 128 B as GMMA operands (QK^T m64n64k16 SS:
 // 32 per 32-cycle wgmma, all of shared memory's 128 B per clock; PV m64n256k16: 64 per RS and 80
 // per SS wgmma of 128 cycles) against 4,352 tensor cycles, and its refills land 144 KiB (1,152
 // wavefronts) in the stages.
 //
-// One CTA per SM: warpgroups 0 and 1 issue wgmmas on operands in [0, 144 KiB) (content: whatever
-// shared memory holds; only time counts); one thread of warp 8 keeps `inflight` 8 KiB copies
-// landing in [144, 216) KiB until the warpgroups are done (a negative count: its waits poll with
-// test_wait and a sleep instead of a suspending try_wait). Copy kinds: contiguous bulk copies
-// from L2; the kernels' TMA boxes (tensor map, 128B swizzle) from L2, from DRAM with
-// evict_first, and from DRAM with 256-byte L2 promotion. Math modes, per warpgroup iteration
-// (then commit and wait):
+// One CTA of 384 threads per SM: warpgroups 0 and 1 issue wgmmas on operands in [0, 144 KiB)
+// (content: whatever shared memory holds; only time counts). Beside them either one thread of
+// warp 8 keeps copies landing (kinds: contiguous bulk copies from L2; the kernels' TMA boxes
+// (tensor map, 128B swizzle) from L2, from DRAM with evict_first, from DRAM with 256-byte L2
+// promotion; units of 1 box or of a whole 9-box block per mbarrier; landing in a region never
+// read or in the K / V operands; waits suspending or polled), or 1 or 4 warps issue one
+// instruction kind in 1 or 8 independent chains (Setting). Math modes, per warpgroup iteration
+// (then commit, and wait<0> or, "pipe", wait<1>):
 //   qk    36 m64n64k16 SS          (QK^T of one block: 1,152 tensor cycles)
+//   qk2   qk into two accumulators alternately (two chains of 18)
 //   pvrs  4 m64n256k16 RS, B^T      (PV from registers: 512)
 //   pvss  4 m64n256k16 SS, B^T      (PV of the other warpgroup's P: 512)
 //   pair  36 qk + 4 pvrs + 4 pvss   (one warpgroup's share of a pair: 2,176)
-// Prints per mode and copy setting: cycles per iteration per SM (both warpgroups) against the
-// tensor ideal, the copies' bytes per clock per SM over the same window, wavefronts per clock
-// (GMMA reads + copies) and the tensor cycles lost per 128 B landed.
+// Prints per mode and setting: cycles per iteration per SM (both warpgroups) against the tensor
+// ideal, and the tensor cycles lost per 128 B landed or per instruction an alu warp issued.
 //   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Icsrc -o /tmp/smem_share \
 //       benchmarks/smem_share.cu && /tmp/smem_share
-// H200 (Session 48, four runs): every shape loses 1.0-1.6 tensor cycles per 128 B landed, for
-// every copy kind and either wait (qk 1,235 -> 1,285-1,315 cycles per iteration at 4.2-5.6 B/clk;
-// pvrs 512 -> 549-567; pvss 512 -> 550-561; pair 2,177 -> 2,352-2,387 at 6.1-7.8 B/clk), also
-// where the wgmmas read only half of shared memory's bandwidth (pvrs: 0.50 wavefronts per
-// clock). The copies alone land only 9-12 B/clk per SM here (tma_ingest's stages: 36 from L2),
-// and cuBLAS's matmul lands 42.4 B/clk at 93.65% tensor busy while reading 0.94 GMMA wavefronts
-// per clock (ncu): landing need not cost read cycles. Open, see perf-notes Session 48.
-// Outputs and the ncu counters: benchmarks/results/smem_share-20261203.txt.
+// H200 (Session 49; outputs in benchmarks/results/smem_share-20261203.txt):
+// - Landing costs the wgmmas next to nothing: the kernels' boxes 0.00 cycles per 128 B on PV and
+//   0.02-0.04 on a pair (wait<1>: -0.23 on qk); bulk copies 0.24-0.57. Session 48's 1.0-1.6 was
+//   its copier's 64-bit remainder per copy (rem64 below), not the landing.
+// - Instructions beside the wgmmas, tensor cycles lost per warp instruction (pair / qk; PV
+//   m64n256 loses nothing to any of them but the multiplies and, 8 chains at once, the pointer
+//   adds (0.7-2.0)): IMAD.WIDE 14.7 / 14.8
+//   (6-7 issued back to back), IMAD.HI 9.2 / 9.3, a 64-bit remainder by a variable ~165-215;
+//   FFMA 0.1-0.3 at a low rate but 1.2-1.5 at 0.2-0.4 per clock on qk, FMUL / FADD 0.4-0.8 there,
+//   SHFL 0.5-4; IMAD, MUFU.EX2 / RCP, F2FP, FMNMX, I2F / F2I, LDS.128 at most ~0.3; a warp
+//   suspended in try_wait nothing.
+// - qk alone reaches 93.2% of the tensor ideal, qk2 98.3%: one chain of 36 dependent m64n64
+//   wgmmas cannot keep the pipe full (a pair, whose PV interleaves, reaches 99.8%).
+// - One-box units land at most ~8.7 B/clk per SM whatever the count in flight (1-9); 9-box units
+//   25 from L2, 17.5 from DRAM (all SMs at once). Not understood.
 #include <cstdint>
 #include <cstdio>
 #include <cuda_runtime.h>
