@@ -169,7 +169,7 @@ __device__ __forceinline__ int alu_pass(float (&f)[8], uint32_t (&u)[8], uint32_
       if (KIND == kPtr) {  // what C makes of a pointer plus an int index (IMAD.WIDE with an immediate)
         const uint32_t* q = reinterpret_cast<const uint32_t*>(((unsigned long long)u[(c + 1) & 7] << 32) | u[c]);
         q += (int)u[(c + 2) & 7];
-        const unsigned long long a = reinterpret_cast<unsigned long long>(q);
+        unsigned long long a = reinterpret_cast<unsigned long long>(q);
         asm volatile("" : "+l"(a));
         u[c] = (uint32_t)a ^ (uint32_t)(a >> 32);
       }
@@ -249,8 +249,8 @@ __device__ __forceinline__ void math_loop(float (&s)[32], float (&o)[128], const
 }
 
 // The copier (one thread): 32-bit counters, slots and phases advanced without division (Session
-// 48's copier spent a 64-bit remainder per copy and issued one 8 KiB copy per ~750 cycles, so its
-// copies landed 9-12 B/clk whatever the count in flight). Returns the bytes landed by `done`.
+// 48's copier computed a 64-bit remainder per copy, and those instructions, not the landing, cost
+// the wgmmas). Returns the bytes landed by `done`.
 __device__ long long copier(const uint8_t* src, const CUtensorMap* tmap, Setting st, uint32_t dst_base, uint64_t* bar,
                             volatile int* done) {
   const bool poll = st.inflight < 0;
@@ -304,11 +304,11 @@ __device__ long long copier(const uint8_t* src, const CUtensorMap* tmap, Setting
   return landed_at_done;
 }
 
-// cyc[4 * cta + {0, 1}]: each warpgroup's cycles; + 2: bytes copied in the window; + 3: instructions
-// issued per alu warp (the mean over them).
+// cyc[4 * cta + {0, 1}]: each warpgroup's cycles; + 2: bytes copied in the window; + 3: the
+// instructions the alu warps issued, summed over them.
 template <int MATH>
-__device__ __forceinline__ void bench_body(const uint8_t* src, const CUtensorMap& tmap, Setting st, float* out,
-                                           long long* cyc) {
+__global__ void __launch_bounds__(kThreads, 1) bench(const uint8_t* src, const __grid_constant__ CUtensorMap tmap,
+                                                     Setting st, float* out, long long* cyc) {
   extern __shared__ __align__(1024) uint8_t smem[];
   __shared__ uint64_t bar[kSlots];
   __shared__ volatile int done;
@@ -327,7 +327,7 @@ __device__ __forceinline__ void bench_body(const uint8_t* src, const CUtensorMap
       if (warp - 8 >= st.alu_warps) return;
       // lds: each warp reads its own 4 KiB of the copy region (no copies run beside it).
       const uint32_t lds = base + kCopyBase + (warp - 8) * 4096 + (threadIdx.x & 31) * 16;
-      // try_wait: an mbarrier of the copier's, idle (no copies beside the alu warps), phase 0 open.
+      // try_wait: an mbarrier of the copier's, idle beside the alu warps: its phase 0 never completes.
       const uint32_t idle_bar = smem_u32(&bar[kSlots - 1]);
       const long long n =
           st.chains == 1 ? alu_kind<1>(st.alu, &done, lds, idle_bar) : alu_kind<8>(st.alu, &done, lds, idle_bar);
@@ -378,11 +378,7 @@ __device__ __forceinline__ void bench_body(const uint8_t* src, const CUtensorMap
   }
 }
 
-template <int MATH>
-__global__ void __launch_bounds__(384, 1) bench(const uint8_t* src, const __grid_constant__ CUtensorMap tmap,
-                                                Setting st, float* out, long long* cyc) {
-  bench_body<MATH>(src, tmap, st, out, cyc);
-}
+
 // One setting, printed; returns the cycles per iteration per SM (0 for copies alone or a failed
 // launch). alone: the same math mode's cycles without copies or alu warps, which the cycles lost
 // are against.
