@@ -89,18 +89,11 @@ __device__ __forceinline__ void math_iter(float (&s)[32], float (&o)[128], const
   constexpr bool kPairLike = MATH == kPair;
   float(&sacc)[32] = kPairLike ? *reinterpret_cast<float(*)[32]>(&o[0]) : s;
   float(&sacc2)[32] = *reinterpret_cast<float(*)[32]>(&o[0]);
-  if (MATH == kQk || MATH == kPair) {
+  if (MATH == kQk || MATH == kPair || MATH == kQk2) {
 #pragma unroll
     for (int kk = 0; kk < 36; ++kk) {
       const uint32_t off = (kk / 4) * kChunk + (kk % 4) * 32;
-      wgmma_m64n64k16_ss(sacc, desc_add(dq, off), desc_add(dk, off), 1);
-    }
-  }
-  if (MATH == kQk2) {
-#pragma unroll
-    for (int kk = 0; kk < 36; ++kk) {
-      const uint32_t off = (kk / 4) * kChunk + (kk % 4) * 32;
-      wgmma_m64n64k16_ss(kk % 2 ? sacc2 : sacc, desc_add(dq, off), desc_add(dk, off), 1);
+      wgmma_m64n64k16_ss(MATH == kQk2 && kk % 2 ? sacc2 : sacc, desc_add(dq, off), desc_add(dk, off), 1);
     }
   }
   if (MATH == kPvRs || kPairLike) {
