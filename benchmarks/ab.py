@@ -109,11 +109,14 @@ def _env(tree: Path, cache: str) -> dict:
     return dict(os.environ, PYTHONPATH=f"{site}:{tree}", JIT_MLA_CACHE_DIR=cache)
 
 
-def bench_once(tree: Path, cache: str, shapes: str, out_dir: str, replan: bool = False) -> dict[str, float]:
-    """µs per shape name of one quick benchmark run of `tree` (`replan`: bench_mla.py --replan,
-    every call on other lengths than the one before it; its names end in " replan")."""
-    cmd = [sys.executable, "benchmarks/bench_mla.py", "--quick", "--no-flashinfer", "--no-flashmla",
-           "--assume-ceilings", "--out-dir", out_dir]
+def bench_once(tree: Path, cache: str, shapes: str, out_dir: str, replan: bool = False,
+               long: bool = False) -> tuple[dict[str, float], dict[str, str]]:
+    """µs per shape name of one benchmark run of `tree` (`replan`: bench_mla.py --replan, every
+    call on other lengths than the one before it; its names end in " replan"; `long`: without
+    --quick, ~1 s of replays per shape, the card at its power-limited clock), and per shape the
+    SM clock and power nvidia-smi sampled while it ran ("MHz / W", "?" with too few samples)."""
+    cmd = [sys.executable, "benchmarks/bench_mla.py", "--no-flashinfer", "--no-flashmla", "--assume-ceilings",
+           "--out-dir", out_dir] + ([] if long else ["--quick"])
     if shapes:
         cmd += ["--shapes", shapes]
     if replan:
@@ -121,7 +124,16 @@ def bench_once(tree: Path, cache: str, shapes: str, out_dir: str, replan: bool =
     subprocess.run(cmd, cwd=tree, env=_env(tree, cache), check=True, stdout=subprocess.DEVNULL)
     (result,) = Path(out_dir).glob("*.json")
     suffix = " replan" if replan else ""
-    return {row["name"] + suffix: row["ours"]["us"] for row in json.loads(result.read_text())["rows"]}
+    rows = json.loads(result.read_text())["rows"]
+    return ({row["name"] + suffix: row["ours"]["us"] for row in rows},
+            {row["name"] + suffix: clock_cell(row["ours"]) for row in rows})
+
+
+def clock_cell(ours: dict) -> str:
+    """'MHz / W' of one timed row (smi_sampler's window medians), '?' without samples."""
+    if not ours.get("clock_samples"):
+        return "?"
+    return f"{ours['sm_mhz']:.0f} / {ours['power_w']:.0f} ({ours['clock_samples']})"
 
 
 def summarize(times: dict[str, list[dict[str, float]]]) -> list[str]:
@@ -138,7 +150,8 @@ def summarize(times: dict[str, list[dict[str, float]]]) -> list[str]:
     return lines
 
 
-def run(variants: list[str], shapes: str, rounds: int, suite: bool, replan: bool = False) -> None:
+def run(variants: list[str], shapes: str, rounds: int, suite: bool, replan: bool = False,
+        long: bool = False) -> None:
     unpack_if_packed(variants)
     trees = {"main": ROOT, **{v: AB_DIR / v for v in variants}}
     for v, tree in trees.items():
@@ -152,19 +165,35 @@ def run(variants: list[str], shapes: str, rounds: int, suite: bool, replan: bool
             if r.returncode != 0 and v != "main":
                 del trees[v]
     times: dict[str, list[dict[str, float]]] = {v: [] for v in trees}
+    clocks: dict[str, dict[str, str]] = {v: {} for v in trees}  # the last round's, per shape
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(rounds):
             # Odd rounds run the trees in reverse: the first run of a round sits in other clock
             # and cache states (small shapes read ~1.5% slower there), so no tree always gets it.
             order = list(trees.items())
             for v, tree in order[::-1] if i % 2 else order:
-                row = bench_once(tree, f"/tmp/ab_cache_{v}", shapes, f"{tmp}/{v}_{i}")
+                row, clocks[v] = bench_once(tree, f"/tmp/ab_cache_{v}", shapes, f"{tmp}/{v}_{i}", long=long)
                 if replan:
-                    row |= bench_once(tree, f"/tmp/ab_cache_{v}", shapes, f"{tmp}/{v}_{i}_replan", replan=True)
+                    more, more_clocks = bench_once(tree, f"/tmp/ab_cache_{v}", shapes, f"{tmp}/{v}_{i}_replan",
+                                                   replan=True, long=long)
+                    row |= more
+                    clocks[v] |= more_clocks
                 times[v].append(row)
                 print(f"round {i + 1} {v}: done", flush=True)
             # Each round's table as it ends: a run cut short by its time limit still reports.
             print(f"after round {i + 1}:", "\n".join(summarize(times)), sep="\n", flush=True)
+            # Ratios compare kernels only at equal clocks: the power limit moves the clock with what
+            # a kernel draws (e.g. a probe that loads nothing), and that is part of its time.
+            print(f"round {i + 1} SM MHz / W (samples):", "\n".join(clock_table(clocks)), sep="\n", flush=True)
+
+
+def clock_table(clocks: dict[str, dict[str, str]]) -> list[str]:
+    """Per shape each tree's 'MHz / W (samples)' of its latest run."""
+    names = list(clocks)
+    shapes = list(clocks[names[0]])
+    lines = ["| shape | " + " | ".join(names) + " |", "|" + "---|" * (1 + len(names))]
+    lines += [f"| {s} | " + " | ".join(clocks[v].get(s, "?") for v in names) + " |" for s in shapes]
+    return lines
 
 
 def trace_line(name: str, summary: dict) -> str:
@@ -215,6 +244,8 @@ def main() -> None:
     r.add_argument("--suite", action="store_true", help="GPU test suite on each variant first")
     r.add_argument("--replan", action="store_true",
                    help="also time each tree with bench_mla.py --replan (a call that cannot reuse a plan)")
+    r.add_argument("--long", action="store_true",
+                   help="bench_mla.py without --quick: ~1 s of replays per shape, at the power-limited clock")
     t = sub.add_parser("trace", help="on the GPU: trace_phases.py in each (probe-built) variant's tree")
     t.add_argument("variants", nargs="+")
     t.add_argument("--shapes", nargs="+", default=["8,1,128,4096"], help="B,Q_LEN,H,KV_LEN each")
@@ -229,7 +260,7 @@ def main() -> None:
         archive = pack()
         print(f"{archive} ({archive.stat().st_size / 2**20:.1f} MiB)")
     else:
-        run(args.variants, args.shapes, args.rounds, args.suite, args.replan)
+        run(args.variants, args.shapes, args.rounds, args.suite, args.replan, args.long)
 
 
 if __name__ == "__main__":

@@ -283,6 +283,11 @@ def test_ab_script_without_a_gpu(tmp_path, monkeypatch):
     assert lines[3] == "| s1 | 20.0 | 22.5 | 1.125 |"
     with pytest.raises(SystemExit, match="not a prepared variant"):
         ab.run(["no-such-variant"], "", 1, False)
+    # each tree's clock and power per shape, "?" where the sampler had nothing
+    assert ab.clock_cell({"sm_mhz": 1755.0, "power_w": 688.4, "clock_samples": 5}) == "1755 / 688 (5)"
+    assert ab.clock_cell({"us": 3.0}) == "?"
+    table = ab.clock_table({"main": {"s0": "1755 / 688 (5)"}, "v": {}})
+    assert table == ["| shape | main | v |", "|---|---|---|", "| s0 | 1755 / 688 (5) | ? |"]
     for cmd in ("prepare", "pack", "run", "trace"):
         r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "ab.py"), cmd, "--help"],
                            capture_output=True, text=True, timeout=300)
