@@ -6,6 +6,10 @@ Times one shape twice, with CUDA events over back-to-back calls (median of 7 run
     dram   every request has its own random pages (the KV streams from DRAM, as in the benchmark)
     l2     every request's block table points into the same 64 pages (4.7 MB: the KV stays in L2)
 and prints µs and the cycles per 64-token block pair per CTA at the SM clock nvidia-smi reports.
+With --seconds S each layout instead runs back to back for S seconds (the card settles at its
+power-limited clock, as in bench_mla.py's full runs) while nvidia-smi samples the SM clock, the
+power and the active clock event reasons (e.g. 0x4 SW power cap) every 20 ms; the line then gives
+the median µs of the second half and that half's median clock, power and reasons seen.
 The kernel variants that drop a stage are cubins built with JIT_MLA_PROBE (csrc/common/probe.h):
     sed -i 's/define JIT_MLA_PROBE 0/define JIT_MLA_PROBE 1/' csrc/common/probe.h
     python -m jit_mla build --cubins && python benchmarks/probe_seesaw.py --label no-loads
@@ -18,6 +22,7 @@ import argparse
 import math
 import statistics
 import subprocess
+import time
 
 import torch
 
@@ -55,10 +60,52 @@ def time_calls(fn, calls: int = 20, runs: int = 7) -> float:
     return statistics.median(times)
 
 
+# clocks_event_reasons is the name since driver 535; clocks_throttle_reasons the older one.
+_SMI_FIELDS = ("clocks.sm,power.draw,clocks_event_reasons.active", "clocks.sm,power.draw,clocks_throttle_reasons.active")
+
+
+def start_smi() -> subprocess.Popen:
+    """nvidia-smi printing _SMI_FIELDS every 20 ms (the first field list it accepts)."""
+    for fields in _SMI_FIELDS:
+        smi = subprocess.Popen(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader,nounits",
+                                "--loop-ms=20"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        time.sleep(0.2)
+        if smi.poll() is None:
+            return smi
+    return smi
+
+
+def sustained(fn, seconds: float) -> dict:
+    """Back-to-back calls of fn for `seconds` (batches of 20 between events) while nvidia-smi
+    samples; medians over the second half, when the clock has settled."""
+    smi = start_smi()
+    times, stamps = [], []
+    t_end = time.monotonic() + seconds
+    while time.monotonic() < t_end:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(20):
+            fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / 20)
+        stamps.append(time.monotonic())
+    smi.terminate()
+    lines = smi.communicate()[0].strip().splitlines()
+    half = lines[len(lines) // 2:]
+    rows = [[x.strip() for x in ln.split(",")] for ln in half if ln.count(",") == 2]
+    mhz = [float(r[0]) for r in rows if r[0].replace(".", "").isdigit()]
+    watts = [float(r[1]) for r in rows if r[1].replace(".", "").isdigit()]
+    return {"us": statistics.median(times[len(times) // 2:]), "mhz": statistics.median(mhz) if mhz else float("nan"),
+            "w": statistics.median(watts) if watts else float("nan"),
+            "reasons": sorted({r[2] for r in rows}), "samples": len(rows)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", default="128,1,128,4096", help="B,Q_LEN,H,KV_LEN")
     ap.add_argument("--label", default="shipped")
+    ap.add_argument("--seconds", type=float, default=0.0, help="sustained runs of this many seconds per layout")
     args = ap.parse_args()
     b, q_len, h, kv = (int(x) for x in args.shape.split(","))
     data = uniform_call(b, q_len, h, kv)  # page 64
@@ -68,6 +115,12 @@ def main() -> None:
     pairs = pairs_per_cta(b, q_len, h, kv, torch.cuda.get_device_properties(0).multi_processor_count)
     mhz = sm_clock_mhz()
     for name, table in tables.items():
+        if args.seconds > 0:
+            r = sustained(lambda table=table: data.run(table, out=out), args.seconds)
+            print(f"{args.label:12s} {name:5s} B{b} q{q_len} H{h} kv{kv}: {r['us']:8.1f} µs sustained, "
+                  f"{r['mhz']:.0f} MHz, {r['w']:.0f} W, reasons {' '.join(r['reasons'])} ({r['samples']} samples), "
+                  f"{r['us'] * r['mhz'] / pairs:7.0f} cycles/pair", flush=True)
+            continue
         us = time_calls(lambda table=table: data.run(table, out=out))
         cyc = us * mhz / pairs
         print(f"{args.label:12s} {name:5s} B{b} q{q_len} H{h} kv{kv}: {us:8.1f} µs, "
