@@ -12,7 +12,9 @@ tree holds a ~12 MB cubin: `pack` compresses them ~8x (one xz archive; `run` unp
 On the H200 (after `source .gpu-wheels/activate.sh`), main (this checkout) and each variant in
 turn, `--rounds` times, with `bench_mla.py --quick --no-flashinfer --no-flashmla
 --assume-ceilings`; then a table of the medians per shape and the ratio variant / main (< 1: the
-variant is faster).
+variant is faster), and one of each tree's SM clock and power per shape. `--long` drops
+`--quick`: ~1 s of replays per shape, so the big rows run at the 700 W cap as in the benchmark
+(quick runs price cycles; a change that saves energy shows only there, perf-notes Session 51).
 `--suite` first runs the GPU test suite on each variant (a variant that fails is reported and
 not timed):
 

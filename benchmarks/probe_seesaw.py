@@ -60,12 +60,13 @@ def time_calls(fn, calls: int = 20, runs: int = 7) -> float:
     return statistics.median(times)
 
 
-# clocks_event_reasons is the name since driver 535; clocks_throttle_reasons the older one.
+# clocks_event_reasons is the current field name, clocks_throttle_reasons the older drivers' one.
 _SMI_FIELDS = ("clocks.sm,power.draw,clocks_event_reasons.active", "clocks.sm,power.draw,clocks_throttle_reasons.active")
 
 
 def start_smi() -> subprocess.Popen:
-    """nvidia-smi printing _SMI_FIELDS every 20 ms (the first field list it accepts)."""
+    """nvidia-smi printing _SMI_FIELDS every 20 ms (the first field list it accepts; with neither,
+    it prints nothing and sustained() reports nan)."""
     for fields in _SMI_FIELDS:
         smi = subprocess.Popen(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader,nounits",
                                 "--loop-ms=20"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
@@ -79,7 +80,7 @@ def sustained(fn, seconds: float) -> dict:
     """Back-to-back calls of fn for `seconds` (batches of 20 between events) while nvidia-smi
     samples; medians over the second half, when the clock has settled."""
     smi = start_smi()
-    times, stamps = [], []
+    times = []
     t_end = time.monotonic() + seconds
     while time.monotonic() < t_end:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -89,7 +90,6 @@ def sustained(fn, seconds: float) -> dict:
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) * 1e3 / 20)
-        stamps.append(time.monotonic())
     smi.terminate()
     lines = smi.communicate()[0].strip().splitlines()
     half = lines[len(lines) // 2:]
