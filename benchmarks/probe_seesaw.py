@@ -27,6 +27,7 @@ import time
 import torch
 
 from profile_one import uniform_call  # benchmarks/ is on sys.path: this script's folder
+from smi_sampler import SmiSampler
 
 _L2_PAGES = 64
 
@@ -60,28 +61,13 @@ def time_calls(fn, calls: int = 20, runs: int = 7) -> float:
     return statistics.median(times)
 
 
-# clocks_event_reasons is the current field name, clocks_throttle_reasons the older drivers' one.
-_SMI_FIELDS = ("clocks.sm,power.draw,clocks_event_reasons.active", "clocks.sm,power.draw,clocks_throttle_reasons.active")
-
-
-def start_smi() -> subprocess.Popen:
-    """nvidia-smi printing _SMI_FIELDS every 20 ms (the first field list it accepts; with neither,
-    it prints nothing and sustained() reports nan)."""
-    for fields in _SMI_FIELDS:
-        smi = subprocess.Popen(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader,nounits",
-                                "--loop-ms=20"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        time.sleep(0.2)
-        if smi.poll() is None:
-            return smi
-    return smi
-
-
-def sustained(fn, seconds: float) -> dict:
-    """Back-to-back calls of fn for `seconds` (batches of 20 between events) while nvidia-smi
-    samples; medians over the second half, when the clock has settled."""
-    smi = start_smi()
+def sustained(fn, seconds: float, sampler) -> dict:
+    """Back-to-back calls of fn for `seconds` (batches of 20 between events) while `sampler`
+    (smi_sampler.SmiSampler with reasons) samples; medians over the second half, when the clock
+    has settled."""
     times = []
-    t_end = time.monotonic() + seconds
+    t_mid = time.monotonic() + seconds / 2
+    t_end = t_mid + seconds / 2
     while time.monotonic() < t_end:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
@@ -90,15 +76,10 @@ def sustained(fn, seconds: float) -> dict:
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) * 1e3 / 20)
-    smi.terminate()
-    lines = smi.communicate()[0].strip().splitlines()
-    half = lines[len(lines) // 2:]
-    rows = [[x.strip() for x in ln.split(",")] for ln in half if ln.count(",") == 2]
-    mhz = [float(r[0]) for r in rows if r[0].replace(".", "").isdigit()]
-    watts = [float(r[1]) for r in rows if r[1].replace(".", "").isdigit()]
-    return {"us": statistics.median(times[len(times) // 2:]), "mhz": statistics.median(mhz) if mhz else float("nan"),
-            "w": statistics.median(watts) if watts else float("nan"),
-            "reasons": sorted({r[2] for r in rows}), "samples": len(rows)}
+    clock = sampler.window(t_mid, t_end) if sampler else {}
+    return {"us": statistics.median(times[len(times) // 2:]), "mhz": clock.get("sm_mhz", float("nan")),
+            "w": clock.get("power_w", float("nan")), "samples": clock.get("clock_samples", 0),
+            "reasons": sampler.reasons_in(t_mid, t_end) if sampler else []}
 
 
 def main() -> None:
@@ -114,9 +95,10 @@ def main() -> None:
     out = torch.empty(b, q_len, h, 512, device="cuda", dtype=torch.bfloat16)
     pairs = pairs_per_cta(b, q_len, h, kv, torch.cuda.get_device_properties(0).multi_processor_count)
     mhz = sm_clock_mhz()
+    sampler = SmiSampler.start(None, reasons=True) if args.seconds > 0 else None
     for name, table in tables.items():
         if args.seconds > 0:
-            r = sustained(lambda table=table: data.run(table, out=out), args.seconds)
+            r = sustained(lambda table=table: data.run(table, out=out), args.seconds, sampler)
             print(f"{args.label:12s} {name:5s} B{b} q{q_len} H{h} kv{kv}: {r['us']:8.1f} µs sustained, "
                   f"{r['mhz']:.0f} MHz, {r['w']:.0f} W, reasons {' '.join(r['reasons'])} ({r['samples']} samples), "
                   f"{r['us'] * r['mhz'] / pairs:7.0f} cycles/pair", flush=True)
@@ -125,6 +107,8 @@ def main() -> None:
         cyc = us * mhz / pairs
         print(f"{args.label:12s} {name:5s} B{b} q{q_len} H{h} kv{kv}: {us:8.1f} µs, "
               f"{cyc:7.0f} cycles/pair at {mhz:.0f} MHz ({pairs:.1f} pairs per CTA)", flush=True)
+    if sampler:
+        sampler.close()
 
 
 if __name__ == "__main__":

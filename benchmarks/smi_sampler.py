@@ -13,6 +13,9 @@ clock (a sustained matmul's TFLOP/s per GHz: tensor work per clock is fixed), ne
     t0 = time.monotonic(); ...timed work...; t1 = time.monotonic()
     sampler.window(t0, t1)                # {"sm_mhz": 1755.0, "power_w": 690.2, "clock_samples": 9}
     sampler.close()
+
+SmiSampler.start(uuid, reasons=True) also records the active clock event reasons (a bitmask as
+nvidia-smi prints it, e.g. 0x0000000000000004: SW power cap): sampler.reasons_in(t0, t1).
 """
 
 from __future__ import annotations
@@ -66,6 +69,10 @@ def parse_line(line: str) -> Optional[tuple[float, float]]:
         return None
 
 
+# The field with the reasons the clock is held down: its current name, then the older drivers' one.
+REASON_FIELDS = ("clocks_event_reasons.active", "clocks_throttle_reasons.active")
+
+
 def window_stats(samples: list[tuple[float, float, float]], t0: float, t1: float) -> dict:
     """Medians of the (time, MHz, W) samples taken in [t0, t1]; {} when there are none."""
     inside = [s for s in samples if t0 <= s[0] <= t1]
@@ -77,23 +84,27 @@ def window_stats(samples: list[tuple[float, float, float]], t0: float, t1: float
 
 
 class SmiSampler:
-    """One `nvidia-smi` process printing clocks.sm and power.draw every PERIOD_MS; a daemon thread
-    stamps each line with time.monotonic() as it arrives."""
+    """One `nvidia-smi` process printing clocks.sm and power.draw (and with `reasons` the clock
+    event reasons) every PERIOD_MS; a daemon thread stamps each line with time.monotonic() as it
+    arrives."""
 
     def __init__(self, proc: subprocess.Popen):
         self.proc = proc
         self.samples: list[tuple[float, float, float]] = []
+        self.reasons: list[tuple[float, str]] = []
         self.lock = threading.Lock()
         self.thread = threading.Thread(target=self._read, daemon=True)
         self.thread.start()
 
     @classmethod
-    def start(cls, uuid: Optional[str]) -> Optional["SmiSampler"]:
+    def start(cls, uuid: Optional[str], reasons: bool = False) -> Optional["SmiSampler"]:
         """A running sampler of the GPU with this UUID (None: the default one), or None without
-        nvidia-smi output."""
-        cmd = ["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits",
-               f"--loop-ms={PERIOD_MS}"]
-        for attempt in commands(cmd, uuid):
+        nvidia-smi output. reasons: also the clock event reasons (the first of REASON_FIELDS that
+        this driver knows)."""
+        fields = [f"clocks.sm,power.draw,{r}" for r in REASON_FIELDS] if reasons else ["clocks.sm,power.draw"]
+        cmds = [["nvidia-smi", f"--query-gpu={f}", "--format=csv,noheader,nounits", f"--loop-ms={PERIOD_MS}"]
+                for f in fields]
+        for attempt in (a for cmd in cmds for a in commands(cmd, uuid)):
             try:
                 proc = subprocess.Popen(attempt, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
             except OSError:
@@ -110,15 +121,24 @@ class SmiSampler:
     def _read(self) -> None:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
-            s = parse_line(line)
+            parts = line.split(",")
+            s = parse_line(",".join(parts[:2]))
             if s is not None:
+                t = time.monotonic()
                 with self.lock:
-                    self.samples.append((time.monotonic(), *s))
+                    self.samples.append((t, *s))
+                    if len(parts) > 2:
+                        self.reasons.append((t, parts[2].strip()))
 
     def window(self, t0: float, t1: float) -> dict:
         with self.lock:
             samples = list(self.samples)
         return window_stats(samples, t0, t1)
+
+    def reasons_in(self, t0: float, t1: float) -> list[str]:
+        """The distinct clock event reasons sampled in [t0, t1] (start it with reasons=True)."""
+        with self.lock:
+            return sorted({r for t, r in self.reasons if t0 <= t <= t1})
 
     def close(self) -> None:
         if self.proc.poll() is None:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import importlib.util
+import io
 import json
 import subprocess
 import sys
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
@@ -94,6 +96,13 @@ def test_smi_sampler_lines_and_windows():
                (3.0, 1980.0, 200.0)]
     assert smi.window_stats(samples, 0.95, 1.25) == {"sm_mhz": 1720.0, "power_w": 695.0, "clock_samples": 3}
     assert smi.window_stats(samples, 1.5, 2.5) == {}
+    # a sampler started with reasons=True: clock and power as before, the reasons beside them
+    proc = type("Proc", (), {"stdout": io.StringIO("1755, 690.2, 0x0000000000000004\n[N/A], 1, 0x1\n"),
+                             "poll": lambda self: 0})()
+    sampler = smi.SmiSampler(proc)
+    sampler.thread.join(timeout=10)
+    assert [s[1:] for s in sampler.samples] == [(1755.0, 690.2)]
+    assert sampler.reasons_in(0.0, time.monotonic()) == ["0x0000000000000004"]
 
 
 def test_visible_flops_follow_the_bottom_right_causal_mask(bench):
