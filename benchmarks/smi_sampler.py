@@ -69,6 +69,11 @@ def parse_line(line: str) -> Optional[tuple[float, float]]:
         return None
 
 
+# The board's power: the instantaneous reading where the driver has it. On the H200 (driver
+# 580.159) plain power.draw trails by about a second: a 0.5 s row at the 700 W cap read 257-300 W
+# through it and 740 W through power.draw.instant (Session 52; both are refreshed every ~100 ms,
+# so a row of 0.15 s gets one or two readings of either).
+POWER_FIELDS = ("power.draw.instant", "power.draw")
 # The field with the reasons the clock is held down: its current name, then the older drivers' one.
 REASON_FIELDS = ("clocks_event_reasons.active", "clocks_throttle_reasons.active")
 
@@ -84,8 +89,8 @@ def window_stats(samples: list[tuple[float, float, float]], t0: float, t1: float
 
 
 class SmiSampler:
-    """One `nvidia-smi` process printing clocks.sm and power.draw (and with `reasons` the clock
-    event reasons) every PERIOD_MS; a daemon thread stamps each line with time.monotonic() as it
+    """One `nvidia-smi` process printing clocks.sm and the power (POWER_FIELDS' first known; with
+    `reasons` also the clock event reasons) every PERIOD_MS; a daemon thread stamps each line with time.monotonic() as it
     arrives."""
 
     def __init__(self, proc: subprocess.Popen):
@@ -99,9 +104,10 @@ class SmiSampler:
     @classmethod
     def start(cls, uuid: Optional[str], reasons: bool = False) -> Optional["SmiSampler"]:
         """A running sampler of the GPU with this UUID (None: the default one), or None without
-        nvidia-smi output. reasons: also the clock event reasons (the first of REASON_FIELDS that
-        this driver knows)."""
-        fields = [f"clocks.sm,power.draw,{r}" for r in REASON_FIELDS] if reasons else ["clocks.sm,power.draw"]
+        nvidia-smi output. Power: the first of POWER_FIELDS this driver knows. reasons: also the
+        clock event reasons (the first of REASON_FIELDS that this driver knows)."""
+        fields = [f"clocks.sm,{w}" + (f",{r}" if reasons else "") for w in POWER_FIELDS
+                  for r in (REASON_FIELDS if reasons else ("",))]
         cmds = [["nvidia-smi", f"--query-gpu={f}", "--format=csv,noheader,nounits", f"--loop-ms={PERIOD_MS}"]
                 for f in fields]
         for attempt in (a for cmd in cmds for a in commands(cmd, uuid)):

@@ -105,6 +105,22 @@ def test_smi_sampler_lines_and_windows():
     assert sampler.reasons_in(0.0, time.monotonic()) == ["0x0000000000000004"]
 
 
+def test_smi_sampler_asks_for_the_instant_power_first(monkeypatch):
+    smi = load_benchmark("smi_sampler")
+    asked = []
+
+    def popen(cmd, **kw):  # a driver that knows every field: the first query is the one kept
+        asked.append(cmd)
+        return type("Proc", (), {"stdout": io.StringIO("1470, 741.6\n"), "poll": lambda self: None,
+                                 "terminate": lambda self: None, "wait": lambda self, timeout=None: 0})()
+
+    monkeypatch.setattr(smi.subprocess, "Popen", popen)
+    sampler = smi.SmiSampler.start(None)
+    sampler.thread.join(timeout=10)
+    assert asked[0][1] == "--query-gpu=clocks.sm,power.draw.instant" and len(asked) == 1
+    assert [s[1:] for s in sampler.samples] == [(1470.0, 741.6)]
+
+
 def test_visible_flops_follow_the_bottom_right_causal_mask(bench):
     # q_len 2 on kv 5: token 0 sees keys 0..3 (4), token 1 sees 0..4 (5): 9 keys per head
     s = bench.Shape("t", 16, (2,), (5,))
