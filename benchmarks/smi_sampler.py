@@ -90,8 +90,8 @@ def window_stats(samples: list[tuple[float, float, float]], t0: float, t1: float
 
 class SmiSampler:
     """One `nvidia-smi` process printing clocks.sm and the power (POWER_FIELDS' first known; with
-    `reasons` also the clock event reasons) every PERIOD_MS; a daemon thread stamps each line with time.monotonic() as it
-    arrives."""
+    `reasons` also the clock event reasons) every PERIOD_MS; a daemon thread stamps each line
+    with time.monotonic() as it arrives."""
 
     def __init__(self, proc: subprocess.Popen):
         self.proc = proc
