@@ -13,8 +13,9 @@ On the H200 (after `source .gpu-wheels/activate.sh`), main (this checkout) and e
 turn, `--rounds` times, with `bench_mla.py --quick --no-flashinfer --no-flashmla
 --assume-ceilings`; then a table of the medians per shape and the ratio variant / main (< 1: the
 variant is faster), and one of each tree's SM clock and power per shape. `--long` drops
-`--quick`: ~1 s of replays per shape, so the big rows run at the 700 W cap as in the benchmark
-(quick runs price cycles; a change that saves energy shows only there, perf-notes Session 51).
+`--quick`: up to ~1 s of replays per shape (1,000 at most: 0.15-0.5 s for the 150-500 µs rows),
+so the big rows run at the 700 W cap as in the benchmark (quick runs price cycles; a change that
+saves energy shows only there, perf-notes Session 51).
 `--suite` first runs the GPU test suite on each variant (a variant that fails is reported and
 not timed):
 
@@ -115,7 +116,7 @@ def bench_once(tree: Path, cache: str, shapes: str, out_dir: str, replan: bool =
                long: bool = False) -> tuple[dict[str, float], dict[str, str]]:
     """µs per shape name of one benchmark run of `tree` (`replan`: bench_mla.py --replan, every
     call on other lengths than the one before it; its names end in " replan"; `long`: without
-    --quick, ~1 s of replays per shape, the card at its power-limited clock), and per shape the
+    --quick, up to ~1 s of replays per shape, the card at its power-limited clock), and per shape the
     SM clock and power nvidia-smi sampled while it ran ("MHz / W", "?" with too few samples)."""
     cmd = [sys.executable, "benchmarks/bench_mla.py", "--no-flashinfer", "--no-flashmla", "--assume-ceilings",
            "--out-dir", out_dir] + ([] if long else ["--quick"])
@@ -247,7 +248,7 @@ def main() -> None:
     r.add_argument("--replan", action="store_true",
                    help="also time each tree with bench_mla.py --replan (a call that cannot reuse a plan)")
     r.add_argument("--long", action="store_true",
-                   help="bench_mla.py without --quick: ~1 s of replays per shape, at the power-limited clock")
+                   help="bench_mla.py without --quick: up to ~1 s of replays per shape (1,000 at most), at the power-limited clock")
     t = sub.add_parser("trace", help="on the GPU: trace_phases.py in each (probe-built) variant's tree")
     t.add_argument("variants", nargs="+")
     t.add_argument("--shapes", nargs="+", default=["8,1,128,4096"], help="B,Q_LEN,H,KV_LEN each")
