@@ -21,22 +21,20 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
-import subprocess
 import time
 
 import torch
 
 from profile_one import uniform_call  # benchmarks/ is on sys.path: this script's folder
-from smi_sampler import SmiSampler
+from smi_sampler import SmiSampler, query
 
 _L2_PAGES = 64
 
 
 def sm_clock_mhz() -> float:
     """The SM clock under load is not observable from here; the max clock bounds cycles from above."""
-    out = subprocess.run(["nvidia-smi", "--query-gpu=clocks.max.sm", "--format=csv,noheader,nounits"],
-                         capture_output=True, text=True, check=False).stdout.strip()
-    return float(out.splitlines()[0]) if out else float("nan")
+    max_sm = query(None).get("clocks.max.sm", "")  # e.g. "1980 MHz"
+    return float(max_sm.split()[0]) if max_sm[:1].isdigit() else float("nan")
 
 
 def pairs_per_cta(b: int, q_len: int, h: int, kv: int, sms: int) -> float:
