@@ -216,6 +216,9 @@ def test_probe_script_without_a_gpu(monkeypatch):
     assert module.pairs_per_cta(128, 1, 128, 4096, 132) == pytest.approx(8192 / 132)
     # H16 q1: one 64-row unit per request holds the 16 rows.
     assert module.pairs_per_cta(64, 1, 16, 8192, 132) == pytest.approx(64 * 64 / 132)
+    # 140 GFLOP in 200 µs is 700 TFLOP/s; at 700 W that is 1 pJ per FLOP.
+    line = module.energy_line({"us": 200.0, "mhz": 1500.0, "w": 700.0, "samples": 12, "reasons": ["0x4"]}, 140e9)
+    assert "700 TFLOP/s" in line and "1.000 pJ/FLOP" in line and "reasons 0x4 (12 samples)" in line, line
     run = subprocess.run([sys.executable, str(probe), "--help"], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0 and "--shape" in run.stdout, run.stderr
 
