@@ -47,20 +47,22 @@ def pairs_per_cta(b: int, q_len: int, h: int, kv: int, sms: int) -> float:
     return b * math.ceil(q_len * h / 64) * (kv / 128) / sms
 
 
+def batch_us(fn, calls: int = 20) -> float:
+    """µs per call of `calls` back-to-back calls between two events."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(calls):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / calls
+
+
 def time_calls(fn, calls: int = 20, runs: int = 7) -> float:
     """Median µs of one call, from runs of `calls` back-to-back calls between two events."""
     fn()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(runs):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(calls):
-            fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / calls)
-    return statistics.median(times)
+    return statistics.median(batch_us(fn, calls) for _ in range(runs))
 
 
 def energy_line(r: dict, flops: float) -> str:
@@ -78,13 +80,7 @@ def sustained(fn, seconds: float, sampler) -> dict:
     t_mid = time.monotonic() + seconds / 2
     t_end = t_mid + seconds / 2
     while time.monotonic() < t_end:
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(20):
-            fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / 20)
+        times.append(batch_us(fn))
     clock = sampler.window(t_mid, t_end) if sampler else {}
     return {"us": statistics.median(times[len(times) // 2:]), "mhz": clock.get("sm_mhz", float("nan")),
             "w": clock.get("power_w", float("nan")), "samples": clock.get("clock_samples", 0),
